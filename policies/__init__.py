@@ -1,0 +1,36 @@
+"""Routing and fencing policy: YAML in, frozen validated objects out."""
+
+from policies.model import (
+    HOLDER_RE,
+    RESOURCE_RE,
+    Idempotency,
+    LeaseBounds,
+    Listen,
+    Outcome,
+    Policy,
+    Probe,
+    Reconcile,
+    Route,
+    RouteMatch,
+    StatusRules,
+    Upstream,
+)
+from policies.nodes import ConfigError, Problem
+
+__all__ = [
+    "HOLDER_RE",
+    "RESOURCE_RE",
+    "ConfigError",
+    "Idempotency",
+    "LeaseBounds",
+    "Listen",
+    "Outcome",
+    "Policy",
+    "Probe",
+    "Problem",
+    "Reconcile",
+    "Route",
+    "RouteMatch",
+    "StatusRules",
+    "Upstream",
+]

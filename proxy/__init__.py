@@ -1,0 +1,1 @@
+"""fenceproxy: the lease authority and fencing reverse proxy."""

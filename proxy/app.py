@@ -1,0 +1,284 @@
+"""The aiohttp application: control API under /_fence/, everything else by route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from policies import RESOURCE_RE, Policy, RouteMatch
+from proxy import control, forwarding
+from proxy.decisions import Replay
+from proxy.problems import ProblemError, problem, refusal_response
+from proxy.records import EffectState, IdempotencyRecord, StoredResponse
+from proxy.requests import (
+    check_header_sizes,
+    fingerprint,
+    idempotency_key,
+    read_body,
+    single_header,
+)
+from proxy.runtime import RUNTIME, Runtime, runtime_of
+from proxy.store import Admitted, NewEffect, Store, StoreUnavailable, open_store
+from proxy.tokens import token_hash, well_formed
+from reconcile.outcomes import Answered, NotSent, settle_dispatch
+
+log = logging.getLogger("fenceproxy")
+
+GC_INTERVAL_S = 60.0
+
+
+def new_instance_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def build_app(
+    policy: Policy,
+    store: Store | None = None,
+    admin_token: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    if store is None:
+        store = open_store(policy.store, clock, new_instance_id())
+    app = web.Application(middlewares=[problem_middleware])
+    runtime = Runtime(policy, store, admin_token, clock)
+    app[RUNTIME] = runtime
+    app.cleanup_ctx.extend([_store_ctx, _client_ctx, _garbage_collector_ctx])
+    control.add_routes(app)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    return app
+
+
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    store = app[RUNTIME].store
+    await store.open()
+    yield
+    await store.close()
+
+
+async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
+    session = forwarding.new_client_session()
+    app[RUNTIME].session = session
+    yield
+    await session.close()
+
+
+async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
+    async def collect_forever() -> None:
+        while True:
+            try:
+                removed = await app[RUNTIME].store.collect_garbage()
+                if removed:
+                    log.info("removed %d expired idempotency records", removed)
+            except StoreUnavailable as exc:
+                log.warning("idempotency garbage collection failed: %s", exc)
+            await asyncio.sleep(GC_INTERVAL_S)
+
+    task = asyncio.create_task(collect_forever(), name="idempotency-gc")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal is problem+json; an unexpected error is still one, never a bare 500."""
+    try:
+        check_header_sizes(request)
+        return await handler(request)
+    except ProblemError as exc:
+        await runtime_of(request).record_rejection(
+            request,
+            exc.code,
+            route=exc.context.get("route"),
+            resource=exc.context.get("resource"),
+        )
+        return exc.response()
+    except StoreUnavailable as exc:
+        log.error("store unavailable: %s", exc)
+        return problem("store_unavailable", "the lease store did not answer; nothing was done")
+    except web.HTTPException as exc:
+        if exc.status == 405:
+            return problem("method_not_allowed", f"{request.method} is not allowed here")
+        if exc.status == 404:
+            return problem("not_found", f"nothing at {request.path}")
+        if exc.status == 413:
+            return problem("payload_too_large", "the body is too large")
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return problem("internal_error", "the proxy failed unexpectedly; nothing was forwarded")
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    runtime = runtime_of(request)
+    if request.path.startswith("/_fence/"):
+        raise ProblemError("no_route", f"no control endpoint {request.method} {request.path}")
+    match = runtime.policy.match(request.method, request.path)
+    if match is None:
+        raise ProblemError("no_route", f"no route matches {request.method} {request.path}")
+    if match.route.fenced:
+        return await _fenced(request, match, runtime)
+    return await _pass_through(request, match, runtime)
+
+
+async def _pass_through(
+    request: web.Request, match: RouteMatch, runtime: Runtime
+) -> web.StreamResponse:
+    route = match.route
+    body = await read_body(request, route.max_body_bytes)
+    assert runtime.session is not None
+    try:
+        async with runtime.session.request(
+            request.method,
+            forwarding.upstream_url(route.upstream, request),
+            headers=forwarding.upstream_headers(request, None),
+            data=body,
+            timeout=forwarding.client_timeout(route.upstream),
+            allow_redirects=False,
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                reason=upstream.reason,
+                headers=forwarding.downstream_headers(upstream.headers),
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_chunked(65536):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return problem(
+            "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
+        )
+
+
+async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> web.StreamResponse:
+    route = match.route
+    assert route.resource is not None
+    resource = route.resource.render(match.params)
+    if not RESOURCE_RE.match(resource):
+        raise ProblemError("invalid_request", "the path names no valid resource", route=route.name)
+    try:
+        token = single_header(request, "Fence-Token")
+        if token is None:
+            raise ProblemError("missing_token", f"route {route.name} needs a Fence-Token header")
+        if not well_formed(token):
+            raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+        key = idempotency_key(request)
+        if key is None and route.idempotency.required:
+            raise ProblemError(
+                "missing_idempotency_key", f"route {route.name} needs an Idempotency-Key header"
+            )
+        body = await read_body(request, route.max_body_bytes)
+    except ProblemError as exc:
+        exc.context.update(route=route.name, resource=resource)
+        raise
+    new = NewEffect(
+        route=route.name,
+        resource=resource,
+        idempotency_key=key,
+        fingerprint=fingerprint(request.method, request.path, request.query_string, body),
+        method=request.method,
+        path=request.path,
+        max_in_flight=route.max_in_flight,
+        upstream_timeout_s=route.upstream.timeout_s,
+        retain_s=route.idempotency.retain_s,
+    )
+    decision = await runtime.store.admit(token_hash(token), new)
+    if isinstance(decision, Admitted):
+        # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
+        # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
+        return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
+    if isinstance(decision, Replay):
+        return _replay(decision.record)
+    return refusal_response(decision)
+
+
+async def _dispatch_admitted(
+    request: web.Request, match: RouteMatch, runtime: Runtime, admitted: Admitted, body: bytes
+) -> web.StreamResponse:
+    route = match.route
+    effect = admitted.effect
+    fence = {
+        "Fence-Epoch": str(effect.epoch),
+        "Fence-Resource": effect.resource,
+        "Fence-Effect-Id": effect.id,
+    }
+    assert runtime.session is not None
+    result, answer = await forwarding.dispatch(
+        runtime.session,
+        route.upstream,
+        request.method,
+        forwarding.upstream_url(route.upstream, request),
+        forwarding.upstream_headers(request, fence if route.forward_fence_headers else None),
+        body,
+    )
+    state, reason = settle_dispatch(result, route.outcomes)
+    stored = None
+    if state is EffectState.COMMITTED and answer is not None:
+        kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
+        stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
+    upstream_status = result.status if isinstance(result, Answered) else None
+    try:
+        await runtime.store.finish_effect(effect.id, state, upstream_status, reason, stored)
+    except StoreUnavailable:
+        # The effect stays DISPATCHING in the store and is treated as in doubt; the
+        # worker must not be told an outcome the store does not hold.
+        return problem(
+            "store_unavailable",
+            "the upstream answered but the receipt could not be recorded; "
+            "the effect is in doubt until reconciled",
+            headers=fence,
+            effect_id=effect.id,
+        )
+    if state is EffectState.UNKNOWN:
+        return problem(
+            "outcome_unknown",
+            f"{reason}; {effect.resource} is blocked until the effect is reconciled",
+            headers=fence,
+            effect_id=effect.id,
+            resource=effect.resource,
+            epoch=effect.epoch,
+            upstream_status=upstream_status,
+        )
+    if isinstance(result, NotSent) or answer is None:
+        return problem(
+            "upstream_unreachable",
+            f"{reason}; nothing was sent, the operation can be retried",
+            headers=fence,
+            effect_id=effect.id,
+        )
+    headers = answer.headers.copy()
+    headers.update(fence)
+    return web.Response(status=answer.status, headers=headers, body=answer.body)
+
+
+def _replay(record: IdempotencyRecord) -> web.Response:
+    fence = {
+        "Fence-Epoch": str(record.epoch),
+        "Fence-Resource": record.resource,
+        "Fence-Effect-Id": record.effect_id,
+        "Idempotent-Replayed": "true",
+    }
+    if record.response is None:
+        return web.json_response(
+            {"replayed": True, "effect_id": record.effect_id, "state": record.effect_state.value},
+            status=200,
+            headers=fence,
+        )
+    headers = dict(record.response.headers)
+    headers.update(fence)
+    return web.Response(status=record.response.status, headers=headers, body=record.response.body)

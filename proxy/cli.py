@@ -1,0 +1,311 @@
+"""`fenceproxy` command line: serve, check the policy, read and act on the store.
+
+Every command but `serve` works on the store directly, so it works while the
+proxy is down. Tables for people, `--json` for programs, one line on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from policies import RESOURCE_RE, ConfigError, Policy
+from proxy.app import build_app, new_instance_id
+from proxy.records import EffectState
+from proxy.store import Store, StoreError, open_store
+
+T = TypeVar("T")
+
+# aiohttp refuses oversized headers with a plain-text 400 before any handler runs;
+# its limits sit above the proxy's own so that clients get a problem+json instead.
+PARSER_LIMITS = {"max_line_size": 65536, "max_field_size": 65536, "max_headers": 256}
+
+
+class CommandError(Exception):
+    """A one-line reason for a non-zero exit."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        sys.exit(2)
+    try:
+        sys.exit(args.run(args))
+    except ConfigError as exc:
+        print(f"fenceproxy: invalid configuration {exc.filename}:", file=sys.stderr)
+        for line in str(exc).splitlines() or [f"{exc.filename}: cannot be read"]:
+            print(f"  {line}", file=sys.stderr)
+        sys.exit(1)
+    except (CommandError, StoreError) as exc:
+        print(f"fenceproxy: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fenceproxy", description=__doc__)
+    commands = parser.add_subparsers(metavar="COMMAND")
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> Any:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument(
+            "--config",
+            default=os.environ.get("FENCEPROXY_CONFIG"),
+            help="policy file (default: $FENCEPROXY_CONFIG)",
+        )
+        sub.set_defaults(run=run)
+        return sub
+
+    command("serve", _serve, "run the proxy")
+    check = command("check-config", _check_config, "validate a policy file")
+    check.add_argument("file", nargs="?", help="policy file (default: --config)")
+
+    leases = commands.add_parser("leases", help="read or revoke leases")
+    lease_commands = leases.add_subparsers(metavar="ACTION", required=True)
+    show = lease_commands.add_parser("show", help="a resource's lease, epoch and effects in doubt")
+    show.add_argument("resource")
+    revoke = lease_commands.add_parser("revoke", help="advance a resource's epoch now")
+    revoke.add_argument("resource")
+    revoke.add_argument("--reason", required=True)
+    for sub, run in ((show, _leases_show), (revoke, _leases_revoke)):
+        _store_options(sub)
+        sub.set_defaults(run=run)
+
+    effects = commands.add_parser("effects", help="effect receipts")
+    effect_commands = effects.add_subparsers(metavar="ACTION", required=True)
+    listing = effect_commands.add_parser("list", help="recent effects, newest first")
+    listing.add_argument("--resource")
+    listing.add_argument("--state", choices=[s.value for s in EffectState])
+    listing.add_argument("--limit", type=int, default=50)
+    one = effect_commands.add_parser("show", help="one effect")
+    one.add_argument("effect_id")
+    rejections = effect_commands.add_parser("rejections", help="refused requests, newest first")
+    rejections.add_argument("--resource")
+    rejections.add_argument("--limit", type=int, default=50)
+    for sub, run in ((listing, _effects_list), (one, _effects_show), (rejections, _rejections)):
+        _store_options(sub)
+        sub.set_defaults(run=run)
+
+    advice = command("lease-advice", _lease_advice, "lease TTLs that fit each fenced route")
+    advice.add_argument("--json", action="store_true")
+    return parser
+
+
+def _store_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", default=os.environ.get("FENCEPROXY_CONFIG"))
+    sub.add_argument("--json", action="store_true", help="print JSON for programs")
+
+
+def _policy(args: argparse.Namespace) -> Policy:
+    if not args.config:
+        raise CommandError("no policy file: pass --config FILE or set FENCEPROXY_CONFIG")
+    if not os.path.exists(args.config):
+        raise CommandError(f"{args.config}: no such file")
+    return Policy.load(args.config)
+
+
+def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
+    policy = _policy(args)
+
+    async def run() -> T:
+        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}")
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    policy = _policy(args)
+    admin_token = os.environ.get(policy.admin_token_env) if policy.admin_token_env else None
+    logging.basicConfig(
+        level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    app = build_app(policy, admin_token=admin_token or None)
+    print(
+        f"fenceproxy on http://{policy.listen.host}:{policy.listen.port} "
+        f"(store {policy.store}, admin API {'on' if admin_token else 'off'})",
+        flush=True,
+    )
+    web.run_app(
+        app,
+        host=policy.listen.host,
+        port=policy.listen.port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=10,
+        max_line_size=PARSER_LIMITS["max_line_size"],
+        max_field_size=PARSER_LIMITS["max_field_size"],
+        max_headers=PARSER_LIMITS["max_headers"],
+    )
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    path = args.file or args.config
+    if not path:
+        raise CommandError("no policy file: pass FILE, --config FILE or set FENCEPROXY_CONFIG")
+    if not os.path.exists(path):
+        raise CommandError(f"{path}: no such file")
+    policy = Policy.load(path)
+    fenced = sum(route.fenced for route in policy.routes)
+    print(f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store})")
+    return 0
+
+
+def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: list[str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _resource(value: str) -> str:
+    if not RESOURCE_RE.match(value):
+        raise CommandError(f"{value!r} is not a valid resource name")
+    return value
+
+
+def _leases_show(args: argparse.Namespace) -> int:
+    resource = _resource(args.resource)
+    view = _with_store(args, lambda store: store.lease_view(resource))
+    data = view.as_json()
+    _print(
+        args,
+        data,
+        [
+            [str(data[key]) for key in ("epoch", "holder", "live", "blocked")]
+            + [_when(view.expires_at), ",".join(view.in_doubt) or "-"]
+        ],
+        ["epoch", "holder", "live", "blocked", "expires_at", "in_doubt"],
+    )
+    return 0
+
+
+def _leases_revoke(args: argparse.Namespace) -> int:
+    resource = _resource(args.resource)
+    if not args.reason.strip():
+        raise CommandError("--reason must not be empty")
+    old, new = _with_store(args, lambda store: store.revoke(resource, args.reason.strip()))
+    data = {"resource": resource, "revoked_epoch": old, "epoch": new}
+    _print(args, data, [[resource, str(old), str(new)]], ["resource", "revoked_epoch", "epoch"])
+    return 0
+
+
+def _effects_list(args: argparse.Namespace) -> int:
+    if args.resource:
+        _resource(args.resource)
+    effects = _with_store(
+        args, lambda store: store.effects(args.resource, args.state, max(1, args.limit))
+    )
+    rows = [
+        [
+            e.id,
+            e.state.value,
+            e.route,
+            e.resource,
+            e.holder,
+            str(e.epoch),
+            e.idempotency_key or "-",
+            str(e.upstream_status or "-"),
+            _when(e.created_at),
+        ]
+        for e in effects
+    ]
+    header = ["id", "state", "route", "resource", "holder", "epoch", "key", "status", "created"]
+    _print(args, [e.as_json() for e in effects], rows, header)
+    return 0
+
+
+def _effects_show(args: argparse.Namespace) -> int:
+    effect = _with_store(args, lambda store: store.effect(args.effect_id))
+    if effect is None:
+        raise CommandError(f"no effect {args.effect_id}")
+    data = effect.as_json()
+    _print(args, data, [[key, str(value)] for key, value in data.items()], ["field", "value"])
+    return 0
+
+
+def _rejections(args: argparse.Namespace) -> int:
+    if args.resource:
+        _resource(args.resource)
+    found = _with_store(args, lambda store: store.rejections(args.resource, max(1, args.limit)))
+    rows = [
+        [
+            _when(r.at),
+            r.code,
+            f"{r.method} {r.path}",
+            r.route or "-",
+            r.resource or "-",
+            r.holder or "-",
+            str(r.epoch or "-"),
+        ]
+        for r in found
+    ]
+    header = ["at", "code", "request", "route", "resource", "holder", "epoch"]
+    _print(args, [r.as_json() for r in found], rows, header)
+    return 0
+
+
+def _lease_advice(args: argparse.Namespace) -> int:
+    """A lease must outlive the upstream timeout, or `lease_too_short` refuses the write."""
+    policy = _policy(args)
+    bounds = policy.leases
+    advice: list[dict[str, Any]] = []
+    for route in policy.routes:
+        if not route.fenced:
+            continue
+        minimum = route.upstream.timeout_s
+        # Leave room for a renewal round-trip before the write: twice the timeout.
+        suggested = min(max(2 * minimum, bounds.min_ttl_s), bounds.max_ttl_s)
+        problems: list[str] = []
+        if minimum > bounds.max_ttl_s:
+            problems.append("max_ttl_s is below the upstream timeout: every write is refused")
+        elif bounds.default_ttl_s < minimum:
+            problems.append("default_ttl_s is below the upstream timeout: pass ttl_s")
+        advice.append(
+            {
+                "route": route.name,
+                "upstream_timeout_s": minimum,
+                "min_ttl_s": minimum,
+                "suggested_ttl_s": suggested,
+                "problems": problems,
+            }
+        )
+    rows = [
+        [
+            a["route"],
+            str(a["upstream_timeout_s"]),
+            str(a["suggested_ttl_s"]),
+            "; ".join(a["problems"]) or "ok",
+        ]
+        for a in advice
+    ]
+    _print(args, advice, rows, ["route", "needs_ttl_over_s", "suggested_ttl_s", "check"])
+    return 1 if any(a["problems"] for a in advice) else 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The control API under /_fence/: leases, admin calls, receipts, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from proxy.problems import ProblemError, refusal_response
+from proxy.records import EffectState, Refusal
+from proxy.requests import holder_name, json_object, resource_name, single_header, ttl
+from proxy.runtime import require_admin, runtime_of
+from proxy.tokens import new_token, token_hash, well_formed
+
+PREFIX = "/_fence/v1"
+MAX_LIST_LIMIT = 1000
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(f"{PREFIX}/leases", acquire)
+    app.router.add_get(f"{PREFIX}/leases", show_lease)
+    app.router.add_post(f"{PREFIX}/leases/renew", renew)
+    app.router.add_post(f"{PREFIX}/leases/release", release)
+    app.router.add_post(f"{PREFIX}/admin/revoke", revoke)
+    app.router.add_get(f"{PREFIX}/effects", list_effects)
+    app.router.add_get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
+    app.router.add_get(f"{PREFIX}/rejections", list_rejections)
+    app.router.add_get("/_fence/healthz", healthz)
+    app.router.add_get("/_fence/readyz", readyz)
+
+
+def _presented_token(request: web.Request) -> str:
+    token = single_header(request, "Fence-Token")
+    if token is None:
+        raise ProblemError("missing_token", "this call needs the lease's Fence-Token header")
+    if not well_formed(token):
+        raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+    return token
+
+
+def _lease_json(
+    resource: str, holder: str, epoch: int, expires_at: float, now: float
+) -> dict[str, Any]:
+    return {
+        "resource": resource,
+        "holder": holder,
+        "epoch": epoch,
+        "expires_at": expires_at,
+        "ttl_s": round(expires_at - now, 3),
+    }
+
+
+async def acquire(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    data = await json_object(request, {"resource", "holder", "ttl_s"})
+    resource = resource_name(data.get("resource"))
+    holder = holder_name(data.get("holder"))
+    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    token = new_token()
+    result = await runtime.store.acquire(resource, holder, seconds, token_hash(token))
+    if isinstance(result, Refusal):
+        await _record(request, result, resource=resource, holder=holder)
+        return refusal_response(result)
+    lease, now = result
+    body = _lease_json(resource, holder, lease.epoch, lease.expires_at, now)
+    body["token"] = token
+    return web.json_response(body, status=201)
+
+
+async def renew(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    token = _presented_token(request)
+    data = await json_object(request, {"ttl_s"})
+    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    result = await runtime.store.renew(token_hash(token), seconds)
+    if isinstance(result, Refusal):
+        await _record(request, result)
+        return refusal_response(result)
+    return web.json_response(
+        _lease_json(
+            result.resource, result.holder, result.epoch, result.expires_at, runtime.clock()
+        )
+    )
+
+
+async def release(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    token = _presented_token(request)
+    await json_object(request, set())
+    result = await runtime.store.release(token_hash(token))
+    if isinstance(result, Refusal):
+        await _record(request, result)
+        return refusal_response(result)
+    return web.json_response({"resource": result.resource, "epoch": result.epoch, "released": True})
+
+
+async def show_lease(request: web.Request) -> web.Response:
+    resource = resource_name(request.query.get("resource"))
+    view = await runtime_of(request).store.lease_view(resource)
+    return web.json_response(view.as_json())
+
+
+async def revoke(request: web.Request) -> web.Response:
+    require_admin(request)
+    data = await json_object(request, {"resource", "reason"})
+    resource = resource_name(data.get("resource"))
+    reason = data.get("reason")
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
+        raise ProblemError("invalid_request", "reason must be a non-empty string (≤ 500 chars)")
+    old_epoch, new_epoch = await runtime_of(request).store.revoke(resource, reason.strip())
+    return web.json_response(
+        {"resource": resource, "revoked_epoch": old_epoch, "epoch": new_epoch, "reason": reason}
+    )
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+        raise ProblemError("invalid_request", f"limit must be a whole number 1-{MAX_LIST_LIMIT}")
+    return int(raw)
+
+
+async def list_effects(request: web.Request) -> web.Response:
+    require_admin(request)
+    resource = request.query.get("resource")
+    if resource is not None:
+        resource_name(resource)
+    state = request.query.get("state")
+    if state is not None and state not in EffectState.__members__:
+        raise ProblemError(
+            "invalid_request", f"state must be one of {', '.join(EffectState.__members__)}"
+        )
+    effects = await runtime_of(request).store.effects(resource, state, _limit(request))
+    return web.json_response({"effects": [effect.as_json() for effect in effects]})
+
+
+async def show_effect(request: web.Request) -> web.Response:
+    require_admin(request)
+    effect = await runtime_of(request).store.effect(request.match_info["effect_id"])
+    if effect is None:
+        raise ProblemError("not_found", "no such effect")
+    return web.json_response(effect.as_json())
+
+
+async def list_rejections(request: web.Request) -> web.Response:
+    require_admin(request)
+    resource = request.query.get("resource")
+    if resource is not None:
+        resource_name(resource)
+    rejections = await runtime_of(request).store.rejections(resource, _limit(request))
+    return web.json_response({"rejections": [r.as_json() for r in rejections]})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    await runtime_of(request).store.ping()
+    return web.json_response({"status": "ready"})
+
+
+async def _record(
+    request: web.Request, refusal: Refusal, resource: str | None = None, holder: str | None = None
+) -> None:
+    await runtime_of(request).record_rejection(
+        request,
+        refusal.code,
+        resource=resource or refusal.context.get("resource"),
+        holder=holder,
+        epoch=refusal.context.get("epoch"),
+    )

@@ -1,0 +1,161 @@
+"""The fencing rules as pure functions: records in, decision out.
+
+The stores call these inside one transaction, after loading the records and
+before writing anything, so a decision and the state it was made on can never
+drift apart. Nothing here performs I/O or reads a clock; `now` is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from proxy.records import (
+    EffectState,
+    IdempotencyRecord,
+    LeaseRecord,
+    Refusal,
+    ResourceState,
+)
+
+
+@dataclass(frozen=True)
+class Grant:
+    epoch: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Record the effect as DISPATCHING (and claim the key, if any), then forward."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    resource: str
+    idempotency_key: str | None
+    fingerprint: str
+    max_in_flight: int
+    upstream_timeout_s: float
+
+
+def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Refusal:
+    current = state.current_lease()
+    if current is not None and current.live(now):
+        return Refusal(
+            "lease_held",
+            f"{state.resource} is leased until its lease expires or is released",
+            {
+                "resource": state.resource,
+                "current_epoch": state.epoch,
+                "retry_after_s": max(1, math.ceil(current.expires_at - now)),
+            },
+        )
+    if state.in_doubt:
+        # A write may still land (or may have landed) under the old epoch: a successor
+        # must not start from a state nobody knows yet.
+        return _blocked(state)
+    return Grant(state.epoch + 1, now + ttl_s)
+
+
+def check_lease(
+    lease: LeaseRecord | None, state: ResourceState | None, now: float
+) -> Refusal | None:
+    """Is `lease` (found by its token) the current, live lease of its resource?"""
+    if lease is None or state is None:
+        return Refusal("invalid_token", "the Fence-Token is not one this proxy issued")
+    context = {"resource": lease.resource, "epoch": lease.epoch, "current_epoch": state.epoch}
+    if lease.epoch != state.epoch or lease.ended_at is not None:
+        reason = lease.end_reason or "superseded"
+        return Refusal(
+            "stale_epoch",
+            f"the lease at epoch {lease.epoch} is no longer current ({reason}); "
+            f"the resource is at epoch {state.epoch}",
+            context,
+        )
+    if not lease.live(now):
+        return Refusal("lease_expired", f"the lease at epoch {lease.epoch} has expired", context)
+    return None
+
+
+def decide_renew(
+    lease: LeaseRecord | None, state: ResourceState | None, now: float
+) -> Refusal | None:
+    return check_lease(lease, state, now)
+
+
+def decide_release(
+    lease: LeaseRecord | None, state: ResourceState | None, now: float
+) -> Refusal | None:
+    refusal = check_lease(lease, state, now)
+    # Ending an expired lease is harmless and lets a worker tidy up after itself.
+    if refusal is not None and refusal.code == "lease_expired":
+        return None
+    return refusal
+
+
+def decide_admission(
+    request: AdmissionRequest,
+    lease: LeaseRecord | None,
+    state: ResourceState | None,
+    existing: IdempotencyRecord | None,
+    now: float,
+) -> Admit | Replay | Refusal:
+    """The order of checks is the contract's; each step refuses before the next is read."""
+    if lease is not None and lease.resource != request.resource:
+        return Refusal(
+            "wrong_resource",
+            f"the token's lease guards {lease.resource}, not {request.resource}",
+            {"resource": request.resource, "token_resource": lease.resource},
+        )
+    refusal = check_lease(lease, state, now)
+    if refusal is not None:
+        return refusal
+    assert lease is not None and state is not None
+    if state.unknown_effects:
+        return _blocked(state)
+    if existing is not None and existing.expires_at > now:
+        if existing.fingerprint != request.fingerprint:
+            return Refusal(
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for a different request",
+                {"resource": request.resource, "effect_id": existing.effect_id},
+            )
+        if existing.effect_state is EffectState.DISPATCHING:
+            return Refusal(
+                "request_in_progress",
+                "a request with this Idempotency-Key is being forwarded now",
+                {"resource": request.resource, "effect_id": existing.effect_id},
+            )
+        if existing.effect_state is EffectState.COMMITTED:
+            return Replay(existing)
+    if len(state.dispatching_effects) >= request.max_in_flight:
+        return Refusal(
+            "effect_in_flight",
+            f"{request.resource} already has {len(state.dispatching_effects)} "
+            "request(s) being forwarded",
+            {"resource": request.resource, "in_flight": list(state.dispatching_effects)},
+        )
+    remaining = lease.expires_at - now
+    if remaining < request.upstream_timeout_s:
+        return Refusal(
+            "lease_too_short",
+            f"the lease expires in {remaining:.3f}s, before the upstream timeout of "
+            f"{request.upstream_timeout_s}s ends; renew it first",
+            {"resource": request.resource, "epoch": lease.epoch, "expires_at": lease.expires_at},
+        )
+    return Admit()
+
+
+def _blocked(state: ResourceState) -> Refusal:
+    return Refusal(
+        "resource_blocked",
+        f"{state.resource} has effects whose outcome is not known yet; "
+        "it stays blocked until they are reconciled",
+        {"resource": state.resource, "effect_ids": list(state.in_doubt)},
+    )

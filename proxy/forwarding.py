@@ -1,0 +1,155 @@
+"""Forwarding to the upstream: at most once, and honest about what happened.
+
+The client never retries on its own (aiohttp would re-send an idempotent-method
+request whose pooled connection turned out closed; a PUT may still have landed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from policies import Upstream
+from reconcile.outcomes import Answered, DispatchResult, Lost, NotSent
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+FENCE_HEADERS = ("Fence-Epoch", "Fence-Resource", "Fence-Effect-Id")
+# Never forwarded: the lease secret, headers only the proxy may set upstream, and
+# framing headers the client recomputes.
+_NOT_FORWARDED = (
+    HOP_BY_HOP
+    | {"host", "content-length", "expect", "fence-token"}
+    | {name.lower() for name in FENCE_HEADERS}
+)
+# Response headers worth keeping for a replay; never cookies or framing.
+REPLAYABLE_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-language",
+        "content-location",
+        "location",
+        "etag",
+        "last-modified",
+        "cache-control",
+    }
+)
+REPLAY_BODY_LIMIT = 1_048_576
+UPSTREAM_BODY_LIMIT = 16 * 1_048_576
+
+
+def new_client_session() -> aiohttp.ClientSession:
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=512, enable_cleanup_closed=True),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+    # Forward at most once: aiohttp otherwise re-sends GET/PUT/DELETE/... when a
+    # pooled connection fails, and the first attempt may already have landed.
+    session._retry_connection = False
+    return session
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
+    """Headers named in Connection are hop-by-hop for this message too."""
+    return {
+        token.strip().lower()
+        for value in headers.getall("Connection", [])
+        for token in value.split(",")
+        if token.strip()
+    }
+
+
+def upstream_headers(request: web.Request, fence: dict[str, str] | None) -> CIMultiDict[str]:
+    dropped = _NOT_FORWARDED | _connection_tokens(request.headers)
+    headers: CIMultiDict[str] = CIMultiDict(
+        (name, value) for name, value in request.headers.items() if name.lower() not in dropped
+    )
+    client = request.remote or "unknown"
+    host = request.host
+    proto = request.scheme
+    previous_for = request.headers.get("X-Forwarded-For")
+    headers["X-Forwarded-For"] = f"{previous_for}, {client}" if previous_for else client
+    headers["X-Forwarded-Host"] = host
+    headers["X-Forwarded-Proto"] = proto
+    quoted_for = f'"[{client}]"' if ":" in client else client
+    forwarded = f'for={quoted_for};host="{host}";proto={proto}'
+    previous = request.headers.get("Forwarded")
+    headers["Forwarded"] = f"{previous}, {forwarded}" if previous else forwarded
+    if fence:
+        headers.update(fence)
+    return headers
+
+
+def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    dropped = HOP_BY_HOP | {"content-length"} | _connection_tokens(headers)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
+
+
+def replayable(headers: CIMultiDict[str]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in headers.items() if k.lower() in REPLAYABLE_HEADERS)
+
+
+@dataclass(frozen=True)
+class UpstreamResponse:
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+def upstream_url(upstream: Upstream, request: web.Request) -> URL:
+    return URL(upstream.url + request.raw_path, encoded=True)
+
+
+def client_timeout(upstream: Upstream) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
+
+
+async def dispatch(
+    session: aiohttp.ClientSession,
+    upstream: Upstream,
+    method: str,
+    url: URL,
+    headers: CIMultiDict[str],
+    body: bytes,
+) -> tuple[DispatchResult, UpstreamResponse | None]:
+    """Send once and read the whole answer. Only a failure to connect proves nothing left."""
+    try:
+        async with session.request(
+            method,
+            url,
+            headers=headers,
+            data=body,
+            timeout=client_timeout(upstream),
+            allow_redirects=False,
+        ) as response:
+            payload = await response.content.read(UPSTREAM_BODY_LIMIT + 1)
+            if len(payload) > UPSTREAM_BODY_LIMIT:
+                return Lost(f"upstream response over {UPSTREAM_BODY_LIMIT} bytes"), None
+            return Answered(response.status), UpstreamResponse(
+                response.status, downstream_headers(response.headers), payload
+            )
+    except aiohttp.ConnectionTimeoutError as exc:
+        return NotSent(f"connect timeout after {upstream.connect_timeout_s}s ({exc})"), None
+    except aiohttp.ClientConnectorError as exc:
+        return NotSent(f"cannot connect to {upstream.name}: {exc.os_error}"), None
+    except TimeoutError:
+        return Lost(f"no complete answer within {upstream.timeout_s}s"), None
+    except (aiohttp.ClientError, OSError) as exc:
+        return Lost(f"{type(exc).__name__}: {exc}"), None

@@ -1,0 +1,146 @@
+"""Records the store keeps, and the refusals the decisions produce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EffectState(StrEnum):
+    DISPATCHING = "DISPATCHING"
+    COMMITTED = "COMMITTED"
+    NOT_COMMITTED = "NOT_COMMITTED"
+    NOT_SENT = "NOT_SENT"
+    UNKNOWN = "UNKNOWN"
+
+
+IN_DOUBT = (EffectState.DISPATCHING, EffectState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the proxy will not carry out; becomes a problem+json response."""
+
+    code: str
+    detail: str
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    resource: str
+    epoch: int
+    holder: str
+    granted_at: float
+    expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+
+    def live(self, now: float) -> bool:
+        return self.ended_at is None and now < self.expires_at
+
+
+@dataclass(frozen=True)
+class ResourceState:
+    """What the store knows of one resource at the start of a transaction."""
+
+    resource: str
+    epoch: int  # the highest epoch ever issued for it; 0 if never leased
+    lease: LeaseRecord | None  # the lease at `epoch`, if that epoch was a grant
+    unknown_effects: tuple[str, ...]
+    dispatching_effects: tuple[str, ...]
+
+    def current_lease(self) -> LeaseRecord | None:
+        return self.lease if self.lease and self.lease.ended_at is None else None
+
+    @property
+    def in_doubt(self) -> tuple[str, ...]:
+        return self.unknown_effects + self.dispatching_effects
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    resource: str
+    key: str
+    fingerprint: str
+    effect_id: str
+    effect_state: EffectState
+    epoch: int
+    expires_at: float
+    response: StoredResponse | None
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    id: str
+    route: str
+    resource: str
+    holder: str
+    epoch: int
+    idempotency_key: str | None
+    fingerprint: str
+    method: str
+    path: str
+    state: EffectState
+    instance_id: str
+    created_at: float
+    deadline: float
+    finished_at: float | None
+    upstream_status: int | None
+    reason: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "route": self.route,
+            "resource": self.resource,
+            "holder": self.holder,
+            "epoch": self.epoch,
+            "idempotency_key": self.idempotency_key,
+            "fingerprint": self.fingerprint,
+            "method": self.method,
+            "path": self.path,
+            "state": self.state.value,
+            "instance_id": self.instance_id,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "finished_at": self.finished_at,
+            "upstream_status": self.upstream_status,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A refused request. Never a body, a token or an Authorization header."""
+
+    at: float
+    code: str
+    method: str
+    path: str
+    route: str | None = None
+    resource: str | None = None
+    holder: str | None = None
+    epoch: int | None = None
+    fingerprint: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "code": self.code,
+            "method": self.method,
+            "path": self.path,
+            "route": self.route,
+            "resource": self.resource,
+            "holder": self.holder,
+            "epoch": self.epoch,
+            "fingerprint": self.fingerprint,
+        }

@@ -1,0 +1,126 @@
+"""Reading and validating what a client sent, refusing with a ProblemError."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from policies import HOLDER_RE, RESOURCE_RE, LeaseBounds
+from proxy.problems import ProblemError
+
+MAX_CONTROL_BODY = 65536
+MAX_HEADER_VALUE = 8192
+MAX_HEADER_TOTAL = 32768
+# Printable ASCII without spaces: keys end up in logs, probe URLs and tables.
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}\Z")
+
+
+def single_header(request: web.Request, name: str) -> str | None:
+    """The header's one value; two copies of a header that carries authority are ambiguous."""
+    values = request.headers.getall(name, [])
+    if len(values) > 1:
+        raise ProblemError("invalid_request", f"the {name} header appears more than once")
+    return values[0] if values else None
+
+
+def check_header_sizes(request: web.Request) -> None:
+    total = 0
+    for name, value in request.raw_headers:
+        if len(value) > MAX_HEADER_VALUE:
+            raise ProblemError(
+                "headers_too_large",
+                f"header {name.decode('latin-1')} is over {MAX_HEADER_VALUE} bytes",
+            )
+        total += len(name) + len(value)
+    if total > MAX_HEADER_TOTAL:
+        raise ProblemError("headers_too_large", f"headers are over {MAX_HEADER_TOTAL} bytes")
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    key = single_header(request, "Idempotency-Key")
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise ProblemError(
+            "invalid_request", "Idempotency-Key must be 1-255 printable ASCII characters"
+        )
+    return key
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refusing before reading more than `limit` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise ProblemError(
+            "payload_too_large", f"the body is {declared} bytes; the limit is {limit}", limit=limit
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise ProblemError("payload_too_large", f"the body is over {limit} bytes", limit=limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]:
+    raw = await read_body(request, MAX_CONTROL_BODY)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProblemError("invalid_request", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProblemError("invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ProblemError(
+            "invalid_request",
+            f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})",
+        )
+    return data
+
+
+def resource_name(value: Any, field: str = "resource") -> str:
+    if not isinstance(value, str) or not RESOURCE_RE.match(value):
+        raise ProblemError(
+            "invalid_request",
+            f"{field} must be 1-256 characters of A-Z a-z 0-9 . _ : @ / + = -",
+        )
+    return value
+
+
+def holder_name(value: Any) -> str:
+    if not isinstance(value, str) or not HOLDER_RE.match(value):
+        raise ProblemError(
+            "invalid_request", "holder must be 1-128 characters of A-Z a-z 0-9 . _ : @ -"
+        )
+    return value
+
+
+def ttl(value: Any, bounds: LeaseBounds) -> float:
+    if value is None:
+        return bounds.default_ttl_s
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ProblemError("invalid_request", "ttl_s must be a number of seconds")
+    if not bounds.min_ttl_s <= value <= bounds.max_ttl_s:
+        raise ProblemError(
+            "invalid_request",
+            f"ttl_s must be between {bounds.min_ttl_s:g} and {bounds.max_ttl_s:g}",
+            min_ttl_s=bounds.min_ttl_s,
+            max_ttl_s=bounds.max_ttl_s,
+        )
+    return float(value)
+
+
+def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
+    """What makes two requests "the same operation" for an idempotency key."""
+    digest = hashlib.sha256()
+    for part in (method.encode(), path.encode(), query.encode(), hashlib.sha256(body).digest()):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()

@@ -1,0 +1,67 @@
+"""What every handler shares: the policy, the store, the upstream client, the clock."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from policies import Policy
+from proxy.problems import ProblemError
+from proxy.records import Rejection
+from proxy.store import Store, StoreUnavailable
+
+
+@dataclass
+class Runtime:
+    policy: Policy
+    store: Store
+    admin_token: str | None
+    clock: Callable[[], float]
+    session: aiohttp.ClientSession | None = None
+
+    async def record_rejection(
+        self,
+        request: web.Request,
+        code: str,
+        route: str | None = None,
+        resource: str | None = None,
+        holder: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        # A refusal that cannot be recorded is still a refusal: nothing was forwarded.
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.record_rejection(
+                Rejection(
+                    at=self.clock(),
+                    code=code,
+                    method=request.method,
+                    path=request.path,
+                    route=route,
+                    resource=resource,
+                    holder=holder,
+                    epoch=epoch,
+                )
+            )
+
+
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
+def runtime_of(request: web.Request) -> Runtime:
+    return request.app[RUNTIME]
+
+
+def require_admin(request: web.Request) -> None:
+    expected = runtime_of(request).admin_token
+    if not expected:
+        raise ProblemError("unauthorized", "the admin API is off: no admin token is configured")
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        credential.strip().encode(), expected.encode()
+    ):
+        raise ProblemError("unauthorized", "this call needs Authorization: Bearer <admin token>")

@@ -1,0 +1,44 @@
+"""The narrow interface between the domain operations and a database backend."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; nothing was changed or acknowledged."""
+
+
+class StoreUnavailable(StoreError):
+    """The database did not answer or refused a write (I/O error, lock timeout, gone)."""
+
+
+class Tx(Protocol):
+    """One transaction; every statement is a named query of the backend's SQL file."""
+
+    now: float
+
+    async def one(self, query: str, **params: Any) -> Row | None: ...
+
+    async def all(self, query: str, **params: Any) -> list[Row]: ...
+
+    async def execute(self, query: str, **params: Any) -> int: ...
+
+
+Operation = Callable[[Tx], Awaitable[T]]
+
+
+class Connector(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def write(self, operation: Operation[T]) -> T:
+        """Run `operation` in a write transaction; return only after it is durable."""
+        ...
+
+    async def read(self, operation: Operation[T]) -> T: ...

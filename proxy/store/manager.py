@@ -1,0 +1,451 @@
+"""Domain operations on the authority's records.
+
+Each public method is one transaction: load records with named queries, ask a
+pure decision in `proxy.decisions`, write what it decided. Nothing here knows
+which database answers.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import decisions
+from proxy.decisions import AdmissionRequest, Admit, Grant, Replay
+from proxy.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    LeaseRecord,
+    Refusal,
+    Rejection,
+    ResourceState,
+    StoredResponse,
+)
+from proxy.store.base import Connector, Row, Tx
+
+
+@dataclass(frozen=True)
+class NewEffect:
+    """What the proxy knows of a mutation before it asks to forward it."""
+
+    route: str
+    resource: str
+    idempotency_key: str | None
+    fingerprint: str
+    method: str
+    path: str
+    max_in_flight: int
+    upstream_timeout_s: float
+    retain_s: float
+
+
+@dataclass(frozen=True)
+class Admitted:
+    effect: EffectRecord
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    resource: str
+    epoch: int
+    holder: str | None
+    expires_at: float | None
+    live: bool
+    blocked: bool
+    in_doubt: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "epoch": self.epoch,
+            "holder": self.holder,
+            "expires_at": self.expires_at,
+            "live": self.live,
+            "blocked": self.blocked,
+            "in_doubt": list(self.in_doubt),
+        }
+
+
+class Store:
+    def __init__(self, connector: Connector, instance_id: str) -> None:
+        self.connector = connector
+        self.instance_id = instance_id
+
+    async def open(self) -> None:
+        await self.connector.open()
+
+    async def close(self) -> None:
+        await self.connector.close()
+
+    # -- leases ---------------------------------------------------------------
+
+    async def acquire(
+        self, resource: str, holder: str, ttl_s: float, token_hash: str
+    ) -> tuple[LeaseRecord, float] | Refusal:
+        """Grant a new lease at a higher epoch; returns it with the transaction's clock."""
+
+        async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
+            state = await _resource_state(tx, resource)
+            decision = decisions.decide_acquire(state, ttl_s, tx.now)
+            if isinstance(decision, Refusal):
+                return decision
+            await _grant(tx, resource, holder, token_hash, decision)
+            lease = LeaseRecord(
+                resource, decision.epoch, holder, tx.now, decision.expires_at, None, None
+            )
+            return lease, tx.now
+
+        return await self.connector.write(operation)
+
+    async def renew(self, token_hash: str, ttl_s: float) -> LeaseRecord | Refusal:
+        async def operation(tx: Tx) -> LeaseRecord | Refusal:
+            lease, state = await _lease_and_state(tx, token_hash)
+            refusal = decisions.decide_renew(lease, state, tx.now)
+            if refusal is not None:
+                return refusal
+            assert lease is not None
+            expires_at = tx.now + ttl_s
+            await tx.execute(
+                "extend_lease", resource=lease.resource, epoch=lease.epoch, expires_at=expires_at
+            )
+            return LeaseRecord(
+                lease.resource, lease.epoch, lease.holder, lease.granted_at, expires_at, None, None
+            )
+
+        return await self.connector.write(operation)
+
+    async def release(self, token_hash: str) -> LeaseRecord | Refusal:
+        async def operation(tx: Tx) -> LeaseRecord | Refusal:
+            lease, state = await _lease_and_state(tx, token_hash)
+            refusal = decisions.decide_release(lease, state, tx.now)
+            if refusal is not None:
+                return refusal
+            assert lease is not None
+            await tx.execute(
+                "end_lease",
+                resource=lease.resource,
+                epoch=lease.epoch,
+                ended_at=tx.now,
+                end_reason="released",
+            )
+            return lease
+
+        return await self.connector.write(operation)
+
+    async def revoke(self, resource: str, reason: str) -> tuple[int, int]:
+        """Advance the epoch now; returns (old epoch, new epoch)."""
+
+        async def operation(tx: Tx) -> tuple[int, int]:
+            state = await _resource_state(tx, resource)
+            if state.current_lease() is not None:
+                await tx.execute(
+                    "end_lease",
+                    resource=resource,
+                    epoch=state.epoch,
+                    ended_at=tx.now,
+                    end_reason=f"revoked: {reason}",
+                )
+            await tx.execute("set_resource_epoch", resource=resource, epoch=state.epoch + 1)
+            return state.epoch, state.epoch + 1
+
+        return await self.connector.write(operation)
+
+    async def lease_view(self, resource: str) -> LeaseView:
+        async def operation(tx: Tx) -> LeaseView:
+            state = await _resource_state(tx, resource)
+            current = state.current_lease()
+            return LeaseView(
+                resource=resource,
+                epoch=state.epoch,
+                holder=current.holder if current else None,
+                expires_at=current.expires_at if current else None,
+                live=bool(current and current.live(tx.now)),
+                blocked=bool(state.unknown_effects),
+                in_doubt=state.in_doubt,
+            )
+
+        return await self.connector.read(operation)
+
+    # -- effects --------------------------------------------------------------
+
+    async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:
+        """Check the token and record the effect as DISPATCHING, in one transaction."""
+
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal:
+            lease = _lease(await tx.one("lease_by_token", token_hash=token_hash))
+            state = None
+            if lease is not None and lease.resource == new.resource:
+                state = await _resource_state(tx, new.resource)
+            existing = None
+            if new.idempotency_key is not None and state is not None:
+                existing = _idempotency(
+                    await tx.one(
+                        "idempotency_record", resource=new.resource, key=new.idempotency_key
+                    )
+                )
+            request = AdmissionRequest(
+                new.resource,
+                new.idempotency_key,
+                new.fingerprint,
+                new.max_in_flight,
+                new.upstream_timeout_s,
+            )
+            decision = decisions.decide_admission(request, lease, state, existing, tx.now)
+            if isinstance(decision, Replay):
+                return decision
+            if isinstance(decision, Refusal):
+                await _insert_rejection(
+                    tx,
+                    Rejection(
+                        at=tx.now,
+                        code=decision.code,
+                        method=new.method,
+                        path=new.path,
+                        route=new.route,
+                        resource=new.resource,
+                        holder=lease.holder if lease else None,
+                        epoch=lease.epoch if lease else None,
+                        fingerprint=new.fingerprint,
+                    ),
+                )
+                return decision
+            assert isinstance(decision, Admit) and lease is not None
+            effect = EffectRecord(
+                id=_new_effect_id(),
+                route=new.route,
+                resource=new.resource,
+                holder=lease.holder,
+                epoch=lease.epoch,
+                idempotency_key=new.idempotency_key,
+                fingerprint=new.fingerprint,
+                method=new.method,
+                path=new.path,
+                state=EffectState.DISPATCHING,
+                instance_id=self.instance_id,
+                created_at=tx.now,
+                deadline=tx.now + new.upstream_timeout_s,
+                finished_at=None,
+                upstream_status=None,
+                reason=None,
+            )
+            await tx.execute(
+                "insert_effect",
+                id=effect.id,
+                route=effect.route,
+                resource=effect.resource,
+                holder=effect.holder,
+                epoch=effect.epoch,
+                idempotency_key=effect.idempotency_key,
+                fingerprint=effect.fingerprint,
+                method=effect.method,
+                path=effect.path,
+                instance_id=effect.instance_id,
+                created_at=effect.created_at,
+                deadline=effect.deadline,
+            )
+            if new.idempotency_key is not None:
+                await tx.execute(
+                    "claim_idempotency_key",
+                    resource=new.resource,
+                    key=new.idempotency_key,
+                    fingerprint=new.fingerprint,
+                    effect_id=effect.id,
+                    epoch=lease.epoch,
+                    expires_at=tx.now + new.retain_s,
+                )
+            return Admitted(effect)
+
+        return await self.connector.write(operation)
+
+    async def finish_effect(
+        self,
+        effect_id: str,
+        state: EffectState,
+        upstream_status: int | None,
+        reason: str | None,
+        response: StoredResponse | None,
+    ) -> None:
+        """Record the receipt. A committed response is kept for replays; a key whose
+        request provably did not take effect is freed so the holder can send it again."""
+
+        async def operation(tx: Tx) -> None:
+            await tx.execute(
+                "finish_effect",
+                id=effect_id,
+                state=state.value,
+                finished_at=tx.now,
+                upstream_status=upstream_status,
+                reason=reason,
+            )
+            if state is EffectState.COMMITTED and response is not None:
+                await tx.execute(
+                    "store_response",
+                    effect_id=effect_id,
+                    status=response.status,
+                    headers=json.dumps(response.headers),
+                    body=response.body,
+                )
+            elif state in (EffectState.NOT_COMMITTED, EffectState.NOT_SENT):
+                await tx.execute("free_idempotency_key", effect_id=effect_id)
+
+        await self.connector.write(operation)
+
+    async def effect(self, effect_id: str) -> EffectRecord | None:
+        async def operation(tx: Tx) -> EffectRecord | None:
+            row = await tx.one("effect", id=effect_id)
+            return _effect(row) if row else None
+
+        return await self.connector.read(operation)
+
+    async def effects(
+        self, resource: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        async def operation(tx: Tx) -> list[EffectRecord]:
+            rows = await tx.all("effects", resource=resource, state=state, limit=limit)
+            return [_effect(row) for row in rows]
+
+        return await self.connector.read(operation)
+
+    # -- refusals and housekeeping -------------------------------------------
+
+    async def record_rejection(self, rejection: Rejection) -> None:
+        async def operation(tx: Tx) -> None:
+            await _insert_rejection(tx, rejection)
+
+        await self.connector.write(operation)
+
+    async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
+        async def operation(tx: Tx) -> list[Rejection]:
+            rows = await tx.all("rejections", resource=resource, limit=limit)
+            return [Rejection(**row) for row in rows]
+
+        return await self.connector.read(operation)
+
+    async def collect_garbage(self) -> int:
+        """Delete idempotency records past their retention whose effect is settled."""
+
+        async def operation(tx: Tx) -> int:
+            return await tx.execute("expired_idempotency_records", now=tx.now)
+
+        return await self.connector.write(operation)
+
+    async def ping(self) -> None:
+        async def operation(tx: Tx) -> None:
+            await tx.one("ping")
+
+        await self.connector.read(operation)
+
+
+def _new_effect_id() -> str:
+    return "eff_" + uuid.uuid4().hex
+
+
+async def _resource_state(tx: Tx, resource: str) -> ResourceState:
+    row = await tx.one("resource_epoch", resource=resource)
+    epoch = int(row["epoch"]) if row else 0
+    lease = _lease(await tx.one("lease_at", resource=resource, epoch=epoch)) if epoch else None
+    in_doubt = await tx.all("effects_in_doubt", resource=resource)
+    return ResourceState(
+        resource=resource,
+        epoch=epoch,
+        lease=lease,
+        unknown_effects=tuple(r["id"] for r in in_doubt if r["state"] == EffectState.UNKNOWN),
+        dispatching_effects=tuple(
+            r["id"] for r in in_doubt if r["state"] == EffectState.DISPATCHING
+        ),
+    )
+
+
+async def _lease_and_state(
+    tx: Tx, token_hash: str
+) -> tuple[LeaseRecord | None, ResourceState | None]:
+    lease = _lease(await tx.one("lease_by_token", token_hash=token_hash))
+    state = await _resource_state(tx, lease.resource) if lease else None
+    return lease, state
+
+
+async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant) -> None:
+    await tx.execute("set_resource_epoch", resource=resource, epoch=grant.epoch)
+    await tx.execute(
+        "insert_lease",
+        resource=resource,
+        epoch=grant.epoch,
+        holder=holder,
+        token_hash=token_hash,
+        granted_at=tx.now,
+        expires_at=grant.expires_at,
+    )
+
+
+async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
+    await tx.execute(
+        "insert_rejection",
+        at=rejection.at,
+        code=rejection.code,
+        method=rejection.method,
+        path=rejection.path,
+        route=rejection.route,
+        resource=rejection.resource,
+        holder=rejection.holder,
+        epoch=rejection.epoch,
+        fingerprint=rejection.fingerprint,
+    )
+
+
+def _lease(row: Row | None) -> LeaseRecord | None:
+    if row is None:
+        return None
+    return LeaseRecord(
+        resource=row["resource"],
+        epoch=int(row["epoch"]),
+        holder=row["holder"],
+        granted_at=float(row["granted_at"]),
+        expires_at=float(row["expires_at"]),
+        ended_at=row["ended_at"],
+        end_reason=row["end_reason"],
+    )
+
+
+def _idempotency(row: Row | None) -> IdempotencyRecord | None:
+    if row is None:
+        return None
+    response = None
+    if row["response_status"] is not None:
+        headers = tuple((str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]"))
+        response = StoredResponse(
+            int(row["response_status"]), headers, bytes(row["response_body"] or b"")
+        )
+    return IdempotencyRecord(
+        resource=row["resource"],
+        key=row["key"],
+        fingerprint=row["fingerprint"],
+        effect_id=row["effect_id"],
+        effect_state=EffectState(row["effect_state"]),
+        epoch=int(row["epoch"]),
+        expires_at=float(row["expires_at"]),
+        response=response,
+    )
+
+
+def _effect(row: Row) -> EffectRecord:
+    return EffectRecord(
+        id=row["id"],
+        route=row["route"],
+        resource=row["resource"],
+        holder=row["holder"],
+        epoch=int(row["epoch"]),
+        idempotency_key=row["idempotency_key"],
+        fingerprint=row["fingerprint"],
+        method=row["method"],
+        path=row["path"],
+        state=EffectState(row["state"]),
+        instance_id=row["instance_id"],
+        created_at=float(row["created_at"]),
+        deadline=float(row["deadline"]),
+        finished_at=row["finished_at"],
+        upstream_status=row["upstream_status"],
+        reason=row["reason"],
+    )

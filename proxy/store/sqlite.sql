@@ -1,0 +1,92 @@
+-- All SQL of the SQLite backend, as named blocks loaded by proxy/store/queries.py.
+-- Writes run inside BEGIN IMMEDIATE, which serialises writers on the file; the
+-- PostgreSQL file takes row locks instead.
+
+-- resource_epoch --
+SELECT epoch FROM resources WHERE resource = :resource
+
+-- lease_at --
+SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
+FROM leases WHERE resource = :resource AND epoch = :epoch
+
+-- lease_by_token --
+SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
+FROM leases WHERE token_hash = :token_hash
+
+-- effects_in_doubt --
+SELECT id, state FROM effects
+WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN')
+ORDER BY created_at
+
+-- set_resource_epoch --
+INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
+ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch
+
+-- insert_lease --
+INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at)
+VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at)
+
+-- extend_lease --
+UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch = :epoch
+
+-- end_lease --
+UPDATE leases SET ended_at = :ended_at, end_reason = :end_reason
+WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
+
+-- idempotency_record --
+SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,
+       i.expires_at, i.response_status, i.response_headers, i.response_body
+FROM idempotency i JOIN effects e ON e.id = i.effect_id
+WHERE i.resource = :resource AND i.key = :key
+
+-- claim_idempotency_key --
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at)
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = excluded.expires_at,
+    response_status = NULL, response_headers = NULL, response_body = NULL
+
+-- store_response --
+UPDATE idempotency
+SET response_status = :status, response_headers = :headers, response_body = :body
+WHERE effect_id = :effect_id
+
+-- free_idempotency_key --
+DELETE FROM idempotency WHERE effect_id = :effect_id
+
+-- insert_effect --
+INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                     method, path, state, instance_id, created_at, deadline)
+VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
+        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline)
+
+-- finish_effect --
+UPDATE effects SET state = :state, finished_at = :finished_at,
+                   upstream_status = :upstream_status, reason = :reason
+WHERE id = :id AND state = 'DISPATCHING'
+
+-- effect --
+SELECT * FROM effects WHERE id = :id
+
+-- effects --
+SELECT * FROM effects
+WHERE (:resource IS NULL OR resource = :resource) AND (:state IS NULL OR state = :state)
+ORDER BY created_at DESC LIMIT :limit
+
+-- insert_rejection --
+INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, fingerprint)
+VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
+
+-- rejections --
+SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
+WHERE (:resource IS NULL OR resource = :resource)
+ORDER BY id DESC LIMIT :limit
+
+-- expired_idempotency_records --
+DELETE FROM idempotency
+WHERE expires_at <= :now
+  AND effect_id IN (SELECT id FROM effects WHERE state NOT IN ('DISPATCHING', 'UNKNOWN'))
+
+-- ping --
+SELECT 1 AS ok

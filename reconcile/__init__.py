@@ -1,0 +1,1 @@
+"""Settling effects whose outcome is not known: classification of upstream answers."""
