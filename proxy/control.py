@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy import openapi
 from proxy.problems import ProblemError, refusal_response
 from proxy.records import EffectState, Refusal
 from proxy.requests import holder_name, json_object, resource_name, single_header, ttl
@@ -27,6 +28,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(f"{PREFIX}/rejections", list_rejections)
     app.router.add_get("/_fence/healthz", healthz)
     app.router.add_get("/_fence/readyz", readyz)
+    app.router.add_get(f"{PREFIX}/openapi.json", openapi_document)
 
 
 def _presented_token(request: web.Request) -> str:
@@ -153,6 +155,10 @@ async def list_rejections(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.json_response(openapi.document())
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ class Tx(Protocol):
     async def execute(self, query: str, **params: Any) -> int: ...
 
 
-Operation = Callable[[Tx], Awaitable[T]]
+Operation = Callable[[Tx], Coroutine[Any, Any, T]]
 
 
 class Connector(Protocol):

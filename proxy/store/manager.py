@@ -344,9 +344,9 @@ def _new_effect_id() -> str:
 
 
 async def _resource_state(tx: Tx, resource: str) -> ResourceState:
-    row = await tx.one("resource_epoch", resource=resource)
+    row = await tx.one("resource_state", resource=resource)
     epoch = int(row["epoch"]) if row else 0
-    lease = _lease(await tx.one("lease_at", resource=resource, epoch=epoch)) if epoch else None
+    lease = _lease(row) if row and row["holder"] is not None else None
     in_doubt = await tx.all("effects_in_doubt", resource=resource)
     return ResourceState(
         resource=resource,

@@ -7,6 +7,11 @@ still sees the effects of the ones before it (they run one after another on
 one connection), and none is acknowledged before the COMMIT that holds it
 returned. If an operation fails, the batch is rolled back and its operations
 are retried one transaction each, so one bad operation cannot take others down.
+
+A whole batch runs in one hop to aiosqlite's connection thread: the store's
+operations are coroutines that only await this module's transaction methods,
+which never suspend, so the thread can drive them to completion itself. A hop
+per statement (aiosqlite's public API) costs more than the statements do.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
@@ -26,27 +31,45 @@ from proxy.store.queries import load_migrations, load_queries
 
 MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+Outcome = tuple[bool, Any]
+T_arg = TypeVar("T_arg")
 
 
 class SQLiteTx:
-    def __init__(self, conn: aiosqlite.Connection, queries: dict[str, str], now: float) -> None:
+    """Statements on the connection thread; `async` only to share the Tx protocol."""
+
+    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str], now: float) -> None:
         self._conn = conn
         self._queries = queries
         self.now = now
 
     async def one(self, query: str, **params: Any) -> Row | None:
-        rows = await self.all(query, **params)
-        return rows[0] if rows else None
+        row = self._conn.execute(self._queries[query], params).fetchone()
+        return dict(row) if row is not None else None
 
     async def all(self, query: str, **params: Any) -> list[Row]:
-        rows = await self._conn.execute_fetchall(self._queries[query], params)
-        return [dict(row) for row in rows]
+        return [dict(row) for row in self._conn.execute(self._queries[query], params)]
 
     async def execute(self, query: str, **params: Any) -> int:
-        cursor = await self._conn.execute(self._queries[query], params)
-        count = cursor.rowcount
-        await cursor.close()
-        return count
+        return self._conn.execute(self._queries[query], params).rowcount
+
+
+async def _on_thread(
+    conn: aiosqlite.Connection, function: Callable[[T_arg], T], argument: T_arg
+) -> T:
+    """Call `function` on the connection's own thread (aiosqlite's internal hop)."""
+    result: T = await conn._execute(function, argument)  # type: ignore[no-untyped-call]
+    return result
+
+
+def _drive(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends, here and now."""
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("a store operation awaited something other than its transaction")
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, str]:
@@ -69,7 +92,6 @@ class SQLiteConnector:
         self._queries = load_queries("sqlite.sql")
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._read_lock = asyncio.Lock()
         self._pending: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]]] = asyncio.Queue()
         self._write_task: asyncio.Task[None] | None = None
 
@@ -141,24 +163,31 @@ class SQLiteConnector:
     async def read(self, operation: Operation[T]) -> T:
         if self._reader is None:
             raise StoreUnavailable("the store is not open")
-        async with self._read_lock:
+        ok, value = await _on_thread(self._reader, self._read_in_thread, operation)
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def _read_in_thread(self, operation: Operation[Any]) -> Outcome:
+        assert self._reader is not None
+        conn = self._reader._conn
+        try:
+            conn.execute("BEGIN")
             try:
-                await self._reader.execute("BEGIN")
-                try:
-                    return await operation(SQLiteTx(self._reader, self._queries, self._clock()))
-                finally:
-                    await self._reader.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"read failed: {exc}") from exc
+                return True, _drive(operation(SQLiteTx(conn, self._queries, self._clock())))
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            return False, StoreUnavailable(f"read failed: {exc}")
 
     async def _write_loop(self) -> None:
+        assert self._writer is not None
         while True:
             batch = [await self._pending.get()]
             while len(batch) < MAX_BATCH and not self._pending.empty():
                 batch.append(self._pending.get_nowait())
-            outcomes = await self._run_batch(batch)
-            if outcomes is None:
-                outcomes = [await self._run_alone(entry) for entry in batch]
+            operations = [operation for operation, _ in batch]
+            outcomes = await _on_thread(self._writer, self._write_in_thread, operations)
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if future.done():
                     continue
@@ -167,51 +196,34 @@ class SQLiteConnector:
                 else:
                     future.set_exception(value)
 
-    async def _run_batch(
-        self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]
-    ) -> list[tuple[bool, Any]] | None:
-        """All operations in one transaction; None if any failed (then nothing was kept)."""
-        if len(batch) == 1:
-            return [await self._run_alone(batch[0])]
+    def _write_in_thread(self, operations: list[Operation[Any]]) -> list[Outcome]:
+        if len(operations) > 1:
+            together = self._transaction(operations)
+            if all(ok for ok, _ in together):
+                return together
+        return [self._transaction([operation])[0] for operation in operations]
+
+    def _transaction(self, operations: list[Operation[Any]]) -> list[Outcome]:
+        """Run operations in one transaction: all kept, or all failed and rolled back."""
         assert self._writer is not None
+        conn = self._writer._conn
+        results: list[Outcome] = []
         try:
-            await self._writer.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            return [(False, StoreUnavailable(f"cannot begin a write: {exc}"))] * len(batch)
-        results: list[tuple[bool, Any]] = []
-        try:
-            for operation, _ in batch:
+            conn.execute("BEGIN IMMEDIATE")
+            for operation in operations:
                 results.append(
-                    (True, await operation(SQLiteTx(self._writer, self._queries, self._clock())))
+                    (True, _drive(operation(SQLiteTx(conn, self._queries, self._clock()))))
                 )
-            await self._writer.execute("COMMIT")
-        except Exception:
-            await self._rollback()
-            return None
-        return results
-
-    async def _run_alone(
-        self, entry: tuple[Operation[Any], asyncio.Future[Any]]
-    ) -> tuple[bool, Any]:
-        assert self._writer is not None
-        operation, _ = entry
-        try:
-            await self._writer.execute("BEGIN IMMEDIATE")
-            result = await operation(SQLiteTx(self._writer, self._queries, self._clock()))
-            await self._writer.execute("COMMIT")
-        except sqlite3.Error as exc:
-            await self._rollback()
-            return False, StoreUnavailable(f"write failed: {exc}")
+            conn.execute("COMMIT")
         except Exception as exc:
-            await self._rollback()
-            return False, exc
-        return True, result
-
-    async def _rollback(self) -> None:
-        assert self._writer is not None
-        if self._writer.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                await self._writer.execute("ROLLBACK")
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            error = (
+                StoreUnavailable(f"write failed: {exc}") if isinstance(exc, sqlite3.Error) else exc
+            )
+            return [(False, error)] * len(operations)
+        return results
 
 
 def _split_statements(sql: str) -> list[str]:

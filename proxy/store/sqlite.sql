@@ -2,12 +2,12 @@
 -- Writes run inside BEGIN IMMEDIATE, which serialises writers on the file; the
 -- PostgreSQL file takes row locks instead.
 
--- resource_epoch --
-SELECT epoch FROM resources WHERE resource = :resource
-
--- lease_at --
-SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
-FROM leases WHERE resource = :resource AND epoch = :epoch
+-- resource_state --
+-- The highest epoch issued, with the lease granted at that epoch if it was a grant
+-- (a revocation advances the epoch without one).
+SELECT r.resource, r.epoch, l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
+FROM resources r LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+WHERE r.resource = :resource
 
 -- lease_by_token --
 SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason

@@ -53,6 +53,7 @@ CREATE TABLE idempotency (
     PRIMARY KEY (resource, key)
 );
 CREATE INDEX idempotency_expiry ON idempotency (expires_at);
+CREATE INDEX idempotency_by_effect ON idempotency (effect_id);
 
 CREATE TABLE rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -1,0 +1,1 @@
+"""Throughput and latency benchmark: fenceproxy against a plain pass-through proxy."""

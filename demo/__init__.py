@@ -1,0 +1,1 @@
+"""Demo upstream, process helpers and the `make run` launcher."""

@@ -1,0 +1,165 @@
+"""Child-process helpers shared by the launcher, the benchmark and process tests.
+
+A `ManagedProcess` starts at construction, sends its output to a log file (so a
+failure can show what the child said) and is always stopped when used as a
+context manager.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+POLL_INTERVAL_S = 0.05
+DEFAULT_TAIL_LINES = 40
+
+# Ignore any http_proxy/https_proxy in the environment: readiness checks must
+# reach the local child directly, never a corporate proxy.
+_direct_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ProcessFailed(RuntimeError):
+    """A managed child exited early or never became ready; the message has its log tail."""
+
+
+class ManagedProcess:
+    """A child process with its stdout and stderr in one log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: str | Path,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        start_new_session: bool = False,
+    ) -> None:
+        """Start `argv` now.
+
+        `env` replaces the inherited environment, as with `subprocess.Popen`;
+        None inherits it. `start_new_session` keeps the terminal's Ctrl-C away
+        from the child, for a parent that stops its children itself: a child
+        hit by both Ctrl-C and the parent's SIGTERM can abort its own shutdown.
+        """
+        self.name = name
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Python children block-buffer stdout when it is a file; unbuffered
+        # output keeps the log tail complete even after SIGKILL.
+        child_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+        self._log_file: IO[bytes] = self.log_path.open("wb")
+        try:
+            self._popen = subprocess.Popen(
+                list(argv),
+                env=child_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=start_new_session,
+            )
+        except BaseException:
+            self._log_file.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the child has exited (negative: killed by that signal)."""
+        return self._popen.poll()
+
+    def is_running(self) -> bool:
+        return self._popen.poll() is None
+
+    def wait_http_ok(self, url: str, timeout_s: float = 15.0) -> None:
+        """Poll `url` until it answers 2xx; raise ProcessFailed if the child dies or time is up."""
+        deadline = time.monotonic() + timeout_s
+        last_problem = "no attempt made"
+        while True:
+            if not self.is_running():
+                raise self.failure(f"exited with status {self.returncode} before {url} was ready")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.failure(f"{url} not ready after {timeout_s:g} s ({last_problem})")
+            try:
+                with _direct_opener.open(url, timeout=min(1.0, remaining)) as response:
+                    status: int = response.status
+                if 200 <= status < 300:
+                    return
+                last_problem = f"status {status}"
+            except OSError as exc:  # refused, reset, timed out, or a non-2xx HTTPError
+                last_problem = f"{type(exc).__name__}: {exc}"
+            time.sleep(POLL_INTERVAL_S)
+
+    def pause(self) -> None:
+        """Freeze the child (SIGSTOP): it keeps its sockets but answers nothing."""
+        self._popen.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._popen.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: the child gets no chance to clean up, like a crash."""
+        if self.is_running():
+            self._popen.kill()
+        self._popen.wait()
+        self._log_file.close()
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if the child is still alive after `grace_s`."""
+        if self.is_running():
+            self._popen.terminate()
+            # A paused child would hold SIGTERM pending until continued, so
+            # shutting down a paused child would always cost the full grace.
+            self._popen.send_signal(signal.SIGCONT)
+            try:
+                self._popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+        self._popen.wait()
+        self._log_file.close()
+
+    def log_tail(self, lines: int = DEFAULT_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def failure(self, what: str) -> ProcessFailed:
+        """An error saying what went wrong with this child, with its log tail."""
+        return ProcessFailed(
+            f"{self.name} (pid {self.pid}) {what}; last lines of {self.log_path}:\n"
+            f"{self.log_tail()}"
+        )
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.terminate()

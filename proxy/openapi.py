@@ -1,0 +1,157 @@
+"""The control API's OpenAPI document, served at /_fence/v1/openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.problems import STATUS_BY_CODE
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_PROBLEM = {
+    "description": "refused; see `code`",
+    "content": {"application/problem+json": {"schema": _ref("Problem")}},
+}
+_TOKEN = {"name": "Fence-Token", "in": "header", "required": True, "schema": {"type": "string"}}
+_ADMIN: list[dict[str, list[str]]] = [{"admin": []}]
+
+
+def document() -> dict[str, Any]:
+    lease = {
+        "type": "object",
+        "properties": {
+            "resource": {"type": "string"},
+            "holder": {"type": "string"},
+            "epoch": {"type": "integer", "minimum": 1},
+            "expires_at": {"type": "number", "description": "Unix time, seconds"},
+            "ttl_s": {"type": "number"},
+            "token": {"type": "string", "description": "only in the acquire answer"},
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fenceproxy control API", "version": "1"},
+        "components": {
+            "securitySchemes": {"admin": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Lease": lease,
+                "LeaseView": {
+                    "type": "object",
+                    "properties": {
+                        "resource": {"type": "string"},
+                        "epoch": {"type": "integer", "minimum": 0},
+                        "holder": {"type": ["string", "null"]},
+                        "expires_at": {"type": ["number", "null"]},
+                        "live": {"type": "boolean"},
+                        "blocked": {"type": "boolean"},
+                        "in_doubt": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "Problem": {
+                    "type": "object",
+                    "required": ["type", "title", "status", "detail", "code"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "title": {"type": "string"},
+                        "status": {"type": "integer"},
+                        "detail": {"type": "string"},
+                        "code": {"type": "string", "enum": sorted(STATUS_BY_CODE)},
+                    },
+                },
+            },
+        },
+        "paths": {
+            "/_fence/v1/leases": {
+                "post": {
+                    "summary": "acquire a lease at a new epoch",
+                    "requestBody": {
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["resource", "holder"],
+                                    "properties": {
+                                        "resource": {"type": "string"},
+                                        "holder": {"type": "string"},
+                                        "ttl_s": {"type": "number"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                    "responses": {"201": _json(_ref("Lease"), "granted"), "default": _PROBLEM},
+                },
+                "get": {
+                    "summary": "a resource's current lease (never a token)",
+                    "parameters": [
+                        {
+                            "name": "resource",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {"200": _json(_ref("LeaseView"), "state"), "default": _PROBLEM},
+                },
+            },
+            "/_fence/v1/leases/renew": {
+                "post": {
+                    "summary": "extend a live lease",
+                    "parameters": [_TOKEN],
+                    "responses": {"200": _json(_ref("Lease"), "renewed"), "default": _PROBLEM},
+                }
+            },
+            "/_fence/v1/leases/release": {
+                "post": {
+                    "summary": "end a lease now",
+                    "parameters": [_TOKEN],
+                    "responses": {
+                        "200": _json({"type": "object"}, "released"),
+                        "default": _PROBLEM,
+                    },
+                }
+            },
+            "/_fence/v1/admin/revoke": {
+                "post": {
+                    "summary": "advance a resource's epoch now",
+                    "security": _ADMIN,
+                    "responses": {"200": _json({"type": "object"}, "revoked"), "default": _PROBLEM},
+                }
+            },
+            "/_fence/v1/effects": {
+                "get": {
+                    "summary": "effect receipts, newest first",
+                    "security": _ADMIN,
+                    "responses": {"200": _json({"type": "object"}, "effects"), "default": _PROBLEM},
+                }
+            },
+            "/_fence/v1/effects/{effect_id}": {
+                "get": {
+                    "summary": "one effect receipt",
+                    "security": _ADMIN,
+                    "responses": {"200": _json({"type": "object"}, "effect"), "default": _PROBLEM},
+                }
+            },
+            "/_fence/v1/rejections": {
+                "get": {
+                    "summary": "refused requests, newest first",
+                    "security": _ADMIN,
+                    "responses": {
+                        "200": _json({"type": "object"}, "rejections"),
+                        "default": _PROBLEM,
+                    },
+                }
+            },
+            "/_fence/healthz": {"get": {"responses": {"200": {"description": "alive"}}}},
+            "/_fence/readyz": {
+                "get": {"responses": {"200": {"description": "store answers"}, "503": _PROBLEM}}
+            },
+        },
+    }
