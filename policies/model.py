@@ -101,6 +101,9 @@ class Route:
     idempotency: Idempotency
     outcomes: StatusRules
     reconcile: Reconcile | None
+    # The upstream itself deduplicates by Idempotency-Key, so resending an operation
+    # whose outcome is unknown cannot apply it twice.
+    upstream_idempotent: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ class Policy:
         if not root.valid:
             raise ConfigError(filename, problems.items)
         version_node = root.child("version", required=True)
-        if version_node is not None and version_node.scalar() != 1:
+        version = version_node.scalar() if version_node is not None else 1
+        if version_node is not None and (isinstance(version, bool) or version != 1):
             problems.add(version_node, f"only version 1 is known, got {version_node.describe()}")
         listen = _parse_listen(root, problems)
         store = _parse_store(root, problems)
@@ -221,10 +225,8 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
         url = upstream.text("url")
         timeout = upstream.number("timeout_s", default=10, minimum=0.001)
         connect = upstream.number("connect_timeout_s", default=2, minimum=0.001)
-        if url is not None:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                problems.add(upstream.children["url"], f"expected an http(s) URL, got {url!r}")
+        if url is not None and not _valid_http_url(url):
+            problems.add(upstream.children["url"], f"expected an http(s) URL, got {url!r}")
         if (
             isinstance(timeout, int | float)
             and isinstance(connect, int | float)
@@ -237,6 +239,15 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
     if not upstreams:
         problems.add(node, "at least one upstream is needed")
     return upstreams
+
+
+def _valid_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _parse_status_rules(
@@ -336,6 +347,7 @@ _ROUTE_KEYS = {
     "idempotency",
     "outcomes",
     "reconcile",
+    "upstream_idempotent",
 }
 
 
@@ -383,6 +395,12 @@ def _parse_route(node: Node, problems: Problems, upstreams: dict[str, Upstream])
     max_body = spec.number("max_body_bytes", default=1_048_576, minimum=0, integer=True)
     max_in_flight = spec.number("max_in_flight", default=1, minimum=1, integer=True)
     idempotency = _parse_idempotency(spec, problems)
+    upstream_idempotent = spec.flag("upstream_idempotent", False)
+    if upstream_idempotent and not idempotency.required:
+        problems.add(
+            spec.children["upstream_idempotent"],
+            "upstream_idempotent needs idempotency.required: true (a resend is matched by key)",
+        )
     outcomes_node = spec.child("outcomes")
     outcomes = _parse_status_rules(
         Mapping(outcomes_node, problems, set(_DEFAULT_OUTCOMES)) if outcomes_node else None,
@@ -412,6 +430,7 @@ def _parse_route(node: Node, problems: Problems, upstreams: dict[str, Upstream])
         idempotency=idempotency,
         outcomes=outcomes,
         reconcile=reconcile,
+        upstream_idempotent=upstream_idempotent,
     )
 
 

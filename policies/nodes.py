@@ -6,6 +6,7 @@ the line and key at fault, so the policy parser walks the composed node tree.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ class ConfigError(Exception):
 
 
 _MISSING = object()
+NOT_A_SCALAR = object()
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,21 @@ class Node:
         return isinstance(self.raw, yaml.SequenceNode)
 
     def scalar(self) -> Any:
-        """The plain Python value of a scalar node (str, int, float, bool, None)."""
-        assert isinstance(self.raw, yaml.ScalarNode)
-        return yaml.SafeLoader(stream="").construct_object(self.raw)
+        """The plain Python value of a scalar node (str, int, float, bool, None); for a
+        list or mapping, a marker that no type check accepts."""
+        if not isinstance(self.raw, yaml.ScalarNode):
+            return NOT_A_SCALAR
+        try:
+            return yaml.SafeLoader(stream="").construct_object(self.raw)
+        except (yaml.YAMLError, ValueError, TypeError):
+            return NOT_A_SCALAR
 
     def describe(self) -> str:
         if isinstance(self.raw, yaml.ScalarNode):
-            return repr(self.scalar())
+            value = self.scalar()
+            if value is NOT_A_SCALAR:
+                return f"{self.raw.value!r} tagged {self.raw.tag}"
+            return repr(value)
         return "a list" if self.is_sequence else "a mapping"
 
     def items(self) -> Iterator[tuple[str, Node]]:
@@ -132,7 +142,7 @@ class Mapping:
         node = self.child(name, required=default is _MISSING)
         if node is None:
             return None if default is _MISSING else default
-        value = node.scalar() if not (node.is_mapping or node.is_sequence) else None
+        value = node.scalar()
         if not isinstance(value, str) or not value:
             self.problems.add(node, f"expected a non-empty string, got {node.describe()}")
             return None
@@ -144,11 +154,14 @@ class Mapping:
         node = self.child(name, required=default is _MISSING)
         if node is None:
             return None if default is _MISSING else default
-        value = node.scalar() if not (node.is_mapping or node.is_sequence) else None
+        value = node.scalar()
         kinds: tuple[type[int] | type[float], ...] = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):
             kind = "an integer" if integer else "a number"
             self.problems.add(node, f"expected {kind}, got {node.describe()}")
+            return None
+        if not math.isfinite(value):
+            self.problems.add(node, f"expected a finite number, got {node.describe()}")
             return None
         if value < minimum:
             self.problems.add(node, f"must be at least {minimum}, got {value!r}")
@@ -159,7 +172,7 @@ class Mapping:
         node = self.child(name)
         if node is None:
             return default
-        value = node.scalar() if not (node.is_mapping or node.is_sequence) else None
+        value = node.scalar()
         if not isinstance(value, bool):
             self.problems.add(node, f"expected true or false, got {node.describe()}")
             return default
@@ -169,7 +182,7 @@ class Mapping:
         node = self.child(name)
         if node is None:
             return default
-        value = node.scalar() if not (node.is_mapping or node.is_sequence) else None
+        value = node.scalar()
         if value not in options:
             self.problems.add(node, f"expected one of {', '.join(options)}, got {node.describe()}")
             return default
@@ -185,7 +198,7 @@ class Mapping:
             return None
         values: list[tuple[str, Node]] = []
         for element in node.elements():
-            value = element.scalar() if not (element.is_mapping or element.is_sequence) else None
+            value = element.scalar()
             if isinstance(value, int) and not isinstance(value, bool):
                 value = str(value)
             if not isinstance(value, str) or not value:

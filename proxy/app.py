@@ -29,7 +29,9 @@ from proxy.requests import (
 from proxy.runtime import RUNTIME, Runtime, runtime_of
 from proxy.store import Admitted, NewEffect, Store, StoreUnavailable, open_store
 from proxy.tokens import token_hash, well_formed
+from reconcile.decisions import DEADLINE_MARGIN_S
 from reconcile.outcomes import Answered, NotSent, settle_dispatch
+from reconcile.prober import Reconciler
 
 log = logging.getLogger("fenceproxy")
 
@@ -37,7 +39,15 @@ GC_INTERVAL_S = 60.0
 
 
 def new_instance_id() -> str:
+    """A name for a process that dispatches nothing (the CLI)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def default_instance_id(policy: Policy) -> str:
+    """The same name across restarts, so a restarted proxy knows which DISPATCHING
+    effects were its own (and can no longer be in flight)."""
+    configured = os.environ.get("FENCEPROXY_INSTANCE_ID")
+    return configured or f"{socket.gethostname()}:{policy.listen.port}"
 
 
 def build_app(
@@ -47,19 +57,25 @@ def build_app(
     clock: Callable[[], float] = time.time,
 ) -> web.Application:
     if store is None:
-        store = open_store(policy.store, clock, new_instance_id())
+        store = open_store(policy.store, clock, default_instance_id(policy))
     app = web.Application(middlewares=[problem_middleware])
     runtime = Runtime(policy, store, admin_token, clock)
     app[RUNTIME] = runtime
-    app.cleanup_ctx.extend([_store_ctx, _client_ctx, _garbage_collector_ctx])
+    app.cleanup_ctx.extend([_store_ctx, _client_ctx, _garbage_collector_ctx, _reconciler_ctx])
     control.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
-    store = app[RUNTIME].store
+    runtime = app[RUNTIME]
+    store = runtime.store
     await store.open()
+    # Before the listener opens: whatever this instance had in flight when it last
+    # stopped has an unknown fate now, and its resources must stay blocked.
+    recovered = await store.recover(store.instance_id, runtime.clock() - DEADLINE_MARGIN_S)
+    if recovered:
+        log.warning("effects in flight at the last stop are now UNKNOWN: %s", recovered)
     yield
     await store.close()
 
@@ -83,6 +99,25 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(GC_INTERVAL_S)
 
     task = asyncio.create_task(collect_forever(), name="idempotency-gc")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
+    runtime = app[RUNTIME]
+    assert runtime.session is not None
+    reconciler = Reconciler(
+        runtime.store,
+        runtime.session,
+        runtime.policy,
+        runtime.clock,
+        DEADLINE_MARGIN_S,
+        on_probe=lambda conclusion: runtime.metrics.probes.labels(conclusion).inc(),
+    )
+    runtime.reconciler = reconciler
+    task = asyncio.create_task(reconciler.run(), name="reconciler")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -158,8 +193,10 @@ async def _pass_through(
             async for chunk in upstream.content.iter_chunked(65536):
                 await response.write(chunk)
             await response.write_eof()
+            runtime.metrics.requests.labels(route.name, "passed_through").inc()
             return response
     except (aiohttp.ClientError, TimeoutError) as exc:
+        runtime.metrics.requests.labels(route.name, "upstream_unreachable").inc()
         return problem(
             "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
         )
@@ -196,6 +233,7 @@ async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> 
         max_in_flight=route.max_in_flight,
         upstream_timeout_s=route.upstream.timeout_s,
         retain_s=route.idempotency.retain_s,
+        upstream_idempotent=route.upstream_idempotent,
     )
     decision = await runtime.store.admit(token_hash(token), new)
     if isinstance(decision, Admitted):
@@ -203,7 +241,10 @@ async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> 
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
         return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
     if isinstance(decision, Replay):
+        runtime.metrics.requests.labels(route.name, "replayed").inc()
         return _replay(decision.record)
+    runtime.metrics.requests.labels(route.name, "refused").inc()
+    runtime.metrics.refusals.labels(decision.code).inc()  # recorded by the admission itself
     return refusal_response(decision)
 
 
@@ -218,6 +259,7 @@ async def _dispatch_admitted(
         "Fence-Effect-Id": effect.id,
     }
     assert runtime.session is not None
+    started = time.monotonic()
     result, answer = await forwarding.dispatch(
         runtime.session,
         route.upstream,
@@ -226,14 +268,18 @@ async def _dispatch_admitted(
         forwarding.upstream_headers(request, fence if route.forward_fence_headers else None),
         body,
     )
+    runtime.metrics.upstream_latency.labels(route.name).observe(time.monotonic() - started)
     state, reason = settle_dispatch(result, route.outcomes)
+    runtime.metrics.requests.labels(route.name, state.value.lower()).inc()
     stored = None
     if state is EffectState.COMMITTED and answer is not None:
         kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
         stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
     upstream_status = result.status if isinstance(result, Answered) else None
     try:
-        await runtime.store.finish_effect(effect.id, state, upstream_status, reason, stored)
+        await runtime.store.finish_effect(
+            effect.id, state, upstream_status, reason, stored, admitted.resends
+        )
     except StoreUnavailable:
         # The effect stays DISPATCHING in the store and is treated as in doubt; the
         # worker must not be told an outcome the store does not hold.
@@ -245,6 +291,8 @@ async def _dispatch_admitted(
             effect_id=effect.id,
         )
     if state is EffectState.UNKNOWN:
+        if runtime.reconciler is not None:
+            runtime.reconciler.wake.set()
         return problem(
             "outcome_unknown",
             f"{reason}; {effect.resource} is blocked until the effect is reconciled",
@@ -274,8 +322,16 @@ def _replay(record: IdempotencyRecord) -> web.Response:
         "Idempotent-Replayed": "true",
     }
     if record.response is None:
+        # Settled by a probe or an operator: committed, but no response was ever seen.
         return web.json_response(
-            {"replayed": True, "effect_id": record.effect_id, "state": record.effect_state.value},
+            {
+                "replayed": True,
+                "effect_id": record.effect_id,
+                "state": record.effect_state.value,
+                "settled_by": record.settled_by,
+                "detail": "the operation was committed, as established by reconciliation; "
+                "the upstream's response was never seen, so there is none to replay",
+            },
             status=200,
             headers=fence,
         )

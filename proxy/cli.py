@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import os
@@ -20,8 +21,11 @@ from aiohttp import web
 
 from policies import RESOURCE_RE, ConfigError, Policy
 from proxy.app import build_app, new_instance_id
-from proxy.records import EffectState
+from proxy.forwarding import new_client_session
+from proxy.records import EffectEvent, EffectRecord, EffectState, Refusal
 from proxy.store import Store, StoreError, open_store
+from reconcile.decisions import DEADLINE_MARGIN_S
+from reconcile.prober import ProbeResult, probe_effect
 
 T = TypeVar("T")
 
@@ -66,7 +70,13 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(run=run)
         return sub
 
-    command("serve", _serve, "run the proxy")
+    serve = command("serve", _serve, "run the proxy")
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds SIGTERM waits for in-flight requests before exiting (default 10)",
+    )
     check = command("check-config", _check_config, "validate a policy file")
     check.add_argument("file", nargs="?", help="policy file (default: --config)")
 
@@ -93,6 +103,29 @@ def _parser() -> argparse.ArgumentParser:
     rejections.add_argument("--resource")
     rejections.add_argument("--limit", type=int, default=50)
     for sub, run in ((listing, _effects_list), (one, _effects_show), (rejections, _rejections)):
+        _store_options(sub)
+        sub.set_defaults(run=run)
+
+    reconcile = commands.add_parser("reconcile", help="settle effects whose outcome is unknown")
+    reconcile_commands = reconcile.add_subparsers(metavar="ACTION", required=True)
+    in_doubt = reconcile_commands.add_parser(
+        "list", help="blocked resources and effects in doubt, oldest first"
+    )
+    detail = reconcile_commands.add_parser("show", help="one effect and every decision about it")
+    detail.add_argument("effect_id")
+    probe = reconcile_commands.add_parser("probe", help="run the route's probe now")
+    probe.add_argument("effect_id")
+    resolve = reconcile_commands.add_parser("resolve", help="record an operator's decision")
+    resolve.add_argument("effect_id")
+    resolve.add_argument("--outcome", required=True, choices=["committed", "not-committed"])
+    resolve.add_argument("--reason", required=True)
+    resolve.add_argument("--operator", default=_default_operator())
+    for sub, run in (
+        (in_doubt, _reconcile_list),
+        (detail, _effects_show),
+        (probe, _reconcile_probe),
+        (resolve, _reconcile_resolve),
+    ):
         _store_options(sub)
         sub.set_defaults(run=run)
 
@@ -147,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=policy.listen.port,
         print=None,
         access_log=None,
-        shutdown_timeout=10,
+        shutdown_timeout=args.grace,
         max_line_size=PARSER_LIMITS["max_line_size"],
         max_field_size=PARSER_LIMITS["max_field_size"],
         max_headers=PARSER_LIMITS["max_headers"],
@@ -240,11 +273,140 @@ def _effects_list(args: argparse.Namespace) -> int:
 
 
 def _effects_show(args: argparse.Namespace) -> int:
-    effect = _with_store(args, lambda store: store.effect(args.effect_id))
+    async def work(store: Store) -> tuple[EffectRecord | None, list[EffectEvent]]:
+        return await store.effect(args.effect_id), await store.events(args.effect_id)
+
+    effect, events = _with_store(args, work)
     if effect is None:
         raise CommandError(f"no effect {args.effect_id}")
-    data = effect.as_json()
-    _print(args, data, [[key, str(value)] for key, value in data.items()], ["field", "value"])
+    data = {**effect.as_json(), "events": [event.as_json() for event in events]}
+    if args.json:
+        _print(args, data, [], [])
+        return 0
+    fields = [[key, str(value)] for key, value in effect.as_json().items()]
+    _print(args, data, fields, ["field", "value"])
+    if events:
+        print()
+        rows = [
+            [_when(e.at), e.kind, e.actor, e.conclusion, str(e.upstream_status or "-"), e.detail]
+            for e in events
+        ]
+        _print(args, data, rows, ["at", "kind", "actor", "conclusion", "status", "detail"])
+    return 0
+
+
+def _default_operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+async def _sweep(store: Store) -> None:
+    """Effects past their deadline can be in flight nowhere: mark them UNKNOWN first, so
+    the commands below see them as they are, whether or not a proxy is running."""
+    await store.recover(None, time.time() - DEADLINE_MARGIN_S)
+
+
+def _reconcile_list(args: argparse.Namespace) -> int:
+    async def work(store: Store) -> list[tuple[EffectRecord, EffectEvent | None]]:
+        await _sweep(store)
+        found = []
+        for effect in await store.in_doubt():
+            events = await store.events(effect.id)
+            found.append((effect, events[-1] if events else None))
+        return found
+
+    found = _with_store(args, work)
+    now = time.time()
+    data = [
+        {
+            **e.as_json(),
+            "age_s": round(now - e.created_at, 3),
+            "last_event": last.as_json() if last else None,
+        }
+        for e, last in found
+    ]
+    rows = [
+        [
+            e.id,
+            e.state.value,
+            f"{now - e.created_at:.0f}s",
+            e.route,
+            e.resource,
+            e.holder,
+            str(e.epoch),
+            e.idempotency_key or "-",
+            str(e.probe_attempts),
+            last.detail if last else "-",
+        ]
+        for e, last in found
+    ]
+    header = [
+        "id",
+        "state",
+        "age",
+        "route",
+        "resource",
+        "holder",
+        "epoch",
+        "key",
+        "probes",
+        "last result",
+    ]
+    blocked = sorted({e.resource for e, _ in found if e.state is EffectState.UNKNOWN})
+    if args.json:
+        _print(args, {"blocked_resources": blocked, "in_doubt": data}, [], [])
+        return 0
+    print(f"blocked resources: {', '.join(blocked) or 'none'}")
+    _print(args, data, rows, header)
+    return 0
+
+
+def _reconcile_probe(args: argparse.Namespace) -> int:
+    policy = _policy(args)
+
+    async def work(store: Store) -> ProbeResult:
+        await _sweep(store)
+        effect = await store.effect(args.effect_id)
+        if effect is None:
+            raise CommandError(f"no effect {args.effect_id}")
+        if effect.state is not EffectState.UNKNOWN:
+            raise CommandError(f"{effect.id} is {effect.state.value}; only UNKNOWN is probed")
+        async with new_client_session() as session:
+            return await probe_effect(store, session, policy, effect, time.time)
+
+    result = _with_store(args, work)
+    data = {
+        "effect_id": args.effect_id,
+        "conclusion": result.conclusion,
+        "detail": result.detail,
+        "state": result.effect.state.value if result.effect else None,
+    }
+    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    return 0
+
+
+def _reconcile_resolve(args: argparse.Namespace) -> int:
+    outcome = EffectState.COMMITTED if args.outcome == "committed" else EffectState.NOT_COMMITTED
+    reason = args.reason.strip()
+    if not reason:
+        raise CommandError("--reason must not be empty")
+
+    async def work(store: Store) -> EffectRecord | Refusal:
+        await _sweep(store)
+        return await store.resolve(args.effect_id, outcome, reason, args.operator)
+
+    result = _with_store(args, work)
+    if isinstance(result, Refusal):
+        raise CommandError(f"{args.effect_id}: {result.detail} ({result.code})")
+    data = result.as_json()
+    _print(
+        args,
+        data,
+        [[result.id, result.state.value, result.settled_by or "-"]],
+        ["id", "state", "settled_by"],
+    )
     return 0
 
 

@@ -8,10 +8,11 @@ from aiohttp import web
 
 from proxy import openapi
 from proxy.problems import ProblemError, refusal_response
-from proxy.records import EffectState, Refusal
+from proxy.records import EffectRecord, EffectState, Refusal
 from proxy.requests import holder_name, json_object, resource_name, single_header, ttl
 from proxy.runtime import require_admin, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
+from reconcile import prober
 
 PREFIX = "/_fence/v1"
 MAX_LIST_LIMIT = 1000
@@ -25,6 +26,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(f"{PREFIX}/admin/revoke", revoke)
     app.router.add_get(f"{PREFIX}/effects", list_effects)
     app.router.add_get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
+    app.router.add_post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
+    app.router.add_post(f"{PREFIX}/effects/{{effect_id}}/resolve", resolve_effect)
+    app.router.add_get("/_fence/metrics", metrics)
     app.router.add_get(f"{PREFIX}/rejections", list_rejections)
     app.router.add_get("/_fence/healthz", healthz)
     app.router.add_get("/_fence/readyz", readyz)
@@ -106,10 +110,8 @@ async def revoke(request: web.Request) -> web.Response:
     require_admin(request)
     data = await json_object(request, {"resource", "reason"})
     resource = resource_name(data.get("resource"))
-    reason = data.get("reason")
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
-        raise ProblemError("invalid_request", "reason must be a non-empty string (≤ 500 chars)")
-    old_epoch, new_epoch = await runtime_of(request).store.revoke(resource, reason.strip())
+    reason = _text(data.get("reason"), "reason")
+    old_epoch, new_epoch = await runtime_of(request).store.revoke(resource, reason)
     return web.json_response(
         {"resource": resource, "revoked_epoch": old_epoch, "epoch": new_epoch, "reason": reason}
     )
@@ -136,12 +138,80 @@ async def list_effects(request: web.Request) -> web.Response:
     return web.json_response({"effects": [effect.as_json() for effect in effects]})
 
 
-async def show_effect(request: web.Request) -> web.Response:
-    require_admin(request)
+async def _effect(request: web.Request) -> EffectRecord:
     effect = await runtime_of(request).store.effect(request.match_info["effect_id"])
     if effect is None:
         raise ProblemError("not_found", "no such effect")
-    return web.json_response(effect.as_json())
+    return effect
+
+
+async def show_effect(request: web.Request) -> web.Response:
+    require_admin(request)
+    effect = await _effect(request)
+    events = await runtime_of(request).store.events(effect.id)
+    return web.json_response({**effect.as_json(), "events": [e.as_json() for e in events]})
+
+
+async def probe_effect(request: web.Request) -> web.Response:
+    """Probe now, whatever the schedule; only an UNKNOWN effect can be settled by it."""
+    require_admin(request)
+    runtime = runtime_of(request)
+    effect = await _effect(request)
+    if effect.state is not EffectState.UNKNOWN:
+        raise ProblemError(
+            "effect_settled" if effect.state is not EffectState.DISPATCHING else "effect_in_flight",
+            f"only an UNKNOWN effect is probed; this one is {effect.state.value}",
+            effect_id=effect.id,
+        )
+    assert runtime.session is not None
+    result = await prober.probe_effect(
+        runtime.store, runtime.session, runtime.policy, effect, runtime.clock
+    )
+    runtime.metrics.probes.labels(result.conclusion).inc()
+    return web.json_response(
+        {
+            "effect_id": effect.id,
+            "conclusion": result.conclusion,
+            "detail": result.detail,
+            "effect": result.effect.as_json() if result.effect else None,
+        }
+    )
+
+
+OUTCOMES = {"committed": EffectState.COMMITTED, "not_committed": EffectState.NOT_COMMITTED}
+
+
+async def resolve_effect(request: web.Request) -> web.Response:
+    require_admin(request)
+    data = await json_object(request, {"outcome", "reason", "operator"})
+    outcome = OUTCOMES.get(str(data.get("outcome")).replace("-", "_"))
+    if outcome is None:
+        raise ProblemError("invalid_request", "outcome must be committed or not_committed")
+    reason = _text(data.get("reason"), "reason")
+    operator = _text(data.get("operator"), "operator")
+    runtime = runtime_of(request)
+    result = await runtime.store.resolve(request.match_info["effect_id"], outcome, reason, operator)
+    if isinstance(result, Refusal):
+        await _record(request, result)
+        return refusal_response(result)
+    return web.json_response(result.as_json())
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 500:
+        raise ProblemError("invalid_request", f"{name} must be a non-empty string (≤ 500 chars)")
+    return value.strip()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    body = await runtime.metrics.render(runtime.store, runtime.clock())
+    return web.Response(
+        body=body,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
 
 
 async def list_rejections(request: web.Request) -> web.Response:

@@ -27,7 +27,13 @@ class Grant:
 
 @dataclass(frozen=True)
 class Admit:
-    """Record the effect as DISPATCHING (and claim the key, if any), then forward."""
+    """Record the effect as DISPATCHING (and claim the key, if any), then forward.
+
+    `resends` names UNKNOWN effects of the same operation that this send will
+    settle (only on routes whose upstream deduplicates by Idempotency-Key).
+    """
+
+    resends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class AdmissionRequest:
     fingerprint: str
     max_in_flight: int
     upstream_timeout_s: float
+    upstream_idempotent: bool = False
 
 
 def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Refusal:
@@ -117,8 +124,11 @@ def decide_admission(
     if refusal is not None:
         return refusal
     assert lease is not None and state is not None
+    resends: tuple[str, ...] = ()
     if state.unknown_effects:
-        return _blocked(state)
+        if not _may_resend(request, state):
+            return _blocked(state)
+        resends = state.unknown_effects
     if existing is not None and existing.expires_at > now:
         if existing.fingerprint != request.fingerprint:
             return Refusal(
@@ -149,7 +159,18 @@ def decide_admission(
             f"{request.upstream_timeout_s}s ends; renew it first",
             {"resource": request.resource, "epoch": lease.epoch, "expires_at": lease.expires_at},
         )
-    return Admit()
+    return Admit(resends)
+
+
+def _may_resend(request: AdmissionRequest, state: ResourceState) -> bool:
+    """An upstream that deduplicates by key applies a resent operation at most once, so
+    resending the very operation in doubt (same key, same request) settles it safely."""
+    if not request.upstream_idempotent or request.idempotency_key is None:
+        return False
+    operation = (request.idempotency_key, request.fingerprint)
+    return all(unknown == operation for unknown in state.unknown_operations) and len(
+        state.unknown_operations
+    ) == len(state.unknown_effects)
 
 
 def _blocked(state: ResourceState) -> Refusal:

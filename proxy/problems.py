@@ -25,6 +25,7 @@ STATUS_BY_CODE = {
     "effect_in_flight": 409,
     "request_in_progress": 409,
     "lease_too_short": 409,
+    "effect_settled": 409,
     "payload_too_large": 413,
     "headers_too_large": 431,
     "idempotency_key_reused": 422,
@@ -32,7 +33,6 @@ STATUS_BY_CODE = {
     "internal_error": 500,
     "upstream_unreachable": 502,
     "store_unavailable": 503,
-    "admin_disabled": 503,
     "outcome_unknown": 504,
 }
 

@@ -50,6 +50,8 @@ class ResourceState:
     lease: LeaseRecord | None  # the lease at `epoch`, if that epoch was a grant
     unknown_effects: tuple[str, ...]
     dispatching_effects: tuple[str, ...]
+    # (idempotency key, fingerprint) of each UNKNOWN effect, in the same order.
+    unknown_operations: tuple[tuple[str | None, str], ...] = ()
 
     def current_lease(self) -> LeaseRecord | None:
         return self.lease if self.lease and self.lease.ended_at is None else None
@@ -76,6 +78,8 @@ class IdempotencyRecord:
     epoch: int
     expires_at: float
     response: StoredResponse | None
+    # Who settled the effect when no response was ever seen ("probe", "operator:NAME").
+    settled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class EffectRecord:
     finished_at: float | None
     upstream_status: int | None
     reason: str | None
+    probe_attempts: int = 0
+    next_probe_at: float | None = None
+    settled_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -115,6 +122,9 @@ class EffectRecord:
             "finished_at": self.finished_at,
             "upstream_status": self.upstream_status,
             "reason": self.reason,
+            "probe_attempts": self.probe_attempts,
+            "next_probe_at": self.next_probe_at,
+            "settled_by": self.settled_by,
         }
 
 
@@ -143,4 +153,26 @@ class Rejection:
             "holder": self.holder,
             "epoch": self.epoch,
             "fingerprint": self.fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class EffectEvent:
+    """One decision about an effect: a recovery, a probe attempt, a resolution."""
+
+    at: float
+    kind: str
+    actor: str
+    upstream_status: int | None
+    conclusion: str
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "kind": self.kind,
+            "actor": self.actor,
+            "upstream_status": self.upstream_status,
+            "conclusion": self.conclusion,
+            "detail": self.detail,
         }

@@ -5,15 +5,20 @@ from __future__ import annotations
 import contextlib
 import hmac
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from policies import Policy
+from proxy.metrics import Metrics
 from proxy.problems import ProblemError
 from proxy.records import Rejection
 from proxy.store import Store, StoreUnavailable
+
+if TYPE_CHECKING:
+    from reconcile.prober import Reconciler
 
 
 @dataclass
@@ -23,6 +28,8 @@ class Runtime:
     admin_token: str | None
     clock: Callable[[], float]
     session: aiohttp.ClientSession | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    reconciler: Reconciler | None = None
 
     async def record_rejection(
         self,
@@ -33,6 +40,7 @@ class Runtime:
         holder: str | None = None,
         epoch: int | None = None,
     ) -> None:
+        self.metrics.refusals.labels(code).inc()
         # A refusal that cannot be recorded is still a refusal: nothing was forwarded.
         with contextlib.suppress(StoreUnavailable):
             await self.store.record_rejection(

@@ -15,6 +15,7 @@ from typing import Any
 from proxy import decisions
 from proxy.decisions import AdmissionRequest, Admit, Grant, Replay
 from proxy.records import (
+    EffectEvent,
     EffectRecord,
     EffectState,
     IdempotencyRecord,
@@ -25,6 +26,7 @@ from proxy.records import (
     StoredResponse,
 )
 from proxy.store.base import Connector, Row, Tx
+from reconcile.decisions import check_resolvable
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,13 @@ class NewEffect:
     max_in_flight: int
     upstream_timeout_s: float
     retain_s: float
+    upstream_idempotent: bool = False
 
 
 @dataclass(frozen=True)
 class Admitted:
     effect: EffectRecord
+    resends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ class Store:
                 new.fingerprint,
                 new.max_in_flight,
                 new.upstream_timeout_s,
+                new.upstream_idempotent,
             )
             decision = decisions.decide_admission(request, lease, state, existing, tx.now)
             if isinstance(decision, Replay):
@@ -256,7 +261,7 @@ class Store:
                     epoch=lease.epoch,
                     expires_at=tx.now + new.retain_s,
                 )
-            return Admitted(effect)
+            return Admitted(effect, decision.resends)
 
         return await self.connector.write(operation)
 
@@ -267,11 +272,26 @@ class Store:
         upstream_status: int | None,
         reason: str | None,
         response: StoredResponse | None,
+        resends: tuple[str, ...] = (),
     ) -> None:
         """Record the receipt. A committed response is kept for replays; a key whose
-        request provably did not take effect is freed so the holder can send it again."""
+        request provably did not take effect is freed so the holder can send it again.
+        A definite answer to a resend settles the effects in doubt it resent."""
 
         async def operation(tx: Tx) -> None:
+            if state in (EffectState.COMMITTED, EffectState.NOT_COMMITTED):
+                why = f"resent as {effect_id}, which the upstream answered {upstream_status}"
+                for earlier in resends:
+                    await _insert_event(
+                        tx,
+                        earlier,
+                        "resend",
+                        self.instance_id,
+                        upstream_status,
+                        state.value.lower(),
+                        why,
+                    )
+                    await _settle(tx, earlier, state, f"resend:{effect_id}", why)
             await tx.execute(
                 "finish_effect",
                 id=effect_id,
@@ -306,6 +326,138 @@ class Store:
         async def operation(tx: Tx) -> list[EffectRecord]:
             rows = await tx.all("effects", resource=resource, state=state, limit=limit)
             return [_effect(row) for row in rows]
+
+        return await self.connector.read(operation)
+
+    # -- effects in doubt -----------------------------------------------------
+
+    async def recover(self, instance_id: str | None, overdue_before: float) -> list[str]:
+        """Turn DISPATCHING effects that can no longer be in flight into UNKNOWN.
+
+        Any instance's whose deadline is before `overdue_before`, and, at start, all of
+        `instance_id`'s (a restart means its requests' fates were lost with the old
+        process). Another live replica's in-flight requests are left alone.
+        """
+
+        async def operation(tx: Tx) -> list[str]:
+            reasons: dict[str, str] = {}
+            for row in await tx.all("overdue_dispatching_effects", cutoff=overdue_before):
+                reasons[row["id"]] = "past its deadline with no receipt"
+            if instance_id is not None:
+                own = await tx.all("dispatching_effects_of_instance", instance_id=instance_id)
+                for row in own:
+                    reasons[row["id"]] = "the proxy restarted while it was in flight"
+            for effect_id, why in reasons.items():
+                await tx.execute("mark_unknown", id=effect_id, reason=why, now=tx.now)
+                await _insert_event(
+                    tx, effect_id, "recover", self.instance_id, None, "unknown", why
+                )
+            return list(reasons)
+
+        return await self.connector.write(operation)
+
+    async def in_doubt(self, limit: int = 1000) -> list[EffectRecord]:
+        async def operation(tx: Tx) -> list[EffectRecord]:
+            return [_effect(row) for row in await tx.all("in_doubt_effects", limit=limit)]
+
+        return await self.connector.read(operation)
+
+    async def events(self, effect_id: str) -> list[EffectEvent]:
+        async def operation(tx: Tx) -> list[EffectEvent]:
+            rows = await tx.all("effect_events", effect_id=effect_id)
+            return [EffectEvent(**row) for row in rows]
+
+        return await self.connector.read(operation)
+
+    async def claim_due_probes(self, limit: int, claim_s: float) -> list[EffectRecord]:
+        """UNKNOWN effects due for a probe, claimed so that one prober at a time works on each."""
+
+        async def operation(tx: Tx) -> list[EffectRecord]:
+            claimed = []
+            for row in await tx.all("due_probes", now=tx.now, limit=limit):
+                taken = await tx.execute(
+                    "claim_probe",
+                    id=row["id"],
+                    instance_id=self.instance_id,
+                    until=tx.now + claim_s,
+                    now=tx.now,
+                )
+                if taken:
+                    claimed.append(_effect(row))
+            return claimed
+
+        return await self.connector.write(operation)
+
+    async def record_probe(
+        self,
+        effect_id: str,
+        upstream_status: int | None,
+        conclusion: str,
+        detail: str,
+        next_probe_at: float | None,
+        settles: EffectState | None,
+    ) -> EffectRecord | None:
+        """Record one probe attempt; settle the effect if the answer was conclusive."""
+
+        async def operation(tx: Tx) -> EffectRecord | None:
+            row = await tx.one("effect", id=effect_id)
+            if row is None or row["state"] != EffectState.UNKNOWN:
+                return _effect(row) if row else None
+            await tx.execute("record_probe_attempt", id=effect_id, next_probe_at=next_probe_at)
+            await _insert_event(
+                tx, effect_id, "probe", self.instance_id, upstream_status, conclusion, detail
+            )
+            if settles is not None:
+                await _settle(tx, effect_id, settles, "probe", detail)
+            elif next_probe_at is None:
+                await _insert_event(
+                    tx,
+                    effect_id,
+                    "probe",
+                    self.instance_id,
+                    None,
+                    "gave_up",
+                    "no probe attempts left; an operator must resolve this effect",
+                )
+            return _effect(await tx.one("effect", id=effect_id) or row)
+
+        return await self.connector.write(operation)
+
+    async def resolve(
+        self, effect_id: str, outcome: EffectState, reason: str, operator: str
+    ) -> EffectRecord | Refusal:
+        """An operator's decision on an effect in doubt, recorded with who and why."""
+
+        async def operation(tx: Tx) -> EffectRecord | Refusal:
+            row = await tx.one("effect", id=effect_id)
+            if row is None:
+                return Refusal("not_found", f"no effect {effect_id}", {"effect_id": effect_id})
+            refusal = check_resolvable(_effect(row), tx.now)
+            if refusal is not None:
+                return refusal
+            actor = f"operator:{operator}"
+            await _insert_event(
+                tx, effect_id, "resolve", actor, None, outcome.value.lower(), reason
+            )
+            await _settle(tx, effect_id, outcome, actor, reason)
+            settled = await tx.one("effect", id=effect_id)
+            assert settled is not None
+            return _effect(settled)
+
+        return await self.connector.write(operation)
+
+    async def counts(self) -> tuple[dict[str, int], int, float | None]:
+        """Effects by state, blocked resources, and when the oldest in-doubt effect began."""
+
+        async def operation(tx: Tx) -> tuple[dict[str, int], int, float | None]:
+            by_state = {r["state"]: int(r["n"]) for r in await tx.all("count_effects_by_state")}
+            blocked = await tx.one("blocked_resources")
+            oldest = await tx.one("oldest_in_doubt")
+            return (
+                by_state,
+                int(blocked["n"]) if blocked else 0,
+                oldest["oldest"] if oldest else None,
+            )
 
         return await self.connector.read(operation)
 
@@ -348,14 +500,16 @@ async def _resource_state(tx: Tx, resource: str) -> ResourceState:
     epoch = int(row["epoch"]) if row else 0
     lease = _lease(row) if row and row["holder"] is not None else None
     in_doubt = await tx.all("effects_in_doubt", resource=resource)
+    unknown = [r for r in in_doubt if r["state"] == EffectState.UNKNOWN]
     return ResourceState(
         resource=resource,
         epoch=epoch,
         lease=lease,
-        unknown_effects=tuple(r["id"] for r in in_doubt if r["state"] == EffectState.UNKNOWN),
+        unknown_effects=tuple(r["id"] for r in unknown),
         dispatching_effects=tuple(
             r["id"] for r in in_doubt if r["state"] == EffectState.DISPATCHING
         ),
+        unknown_operations=tuple((r["idempotency_key"], r["fingerprint"]) for r in unknown),
     )
 
 
@@ -377,6 +531,44 @@ async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Gra
         token_hash=token_hash,
         granted_at=tx.now,
         expires_at=grant.expires_at,
+    )
+
+
+async def _settle(tx: Tx, effect_id: str, state: EffectState, settled_by: str, reason: str) -> None:
+    """Settle an effect in doubt: a committed one's key replays "committed by
+    reconciliation"; a not-committed one's key is freed so the holder may send again."""
+    await tx.execute(
+        "settle_effect",
+        id=effect_id,
+        state=state.value,
+        settled_by=settled_by,
+        reason=reason,
+        now=tx.now,
+    )
+    if state is EffectState.COMMITTED:
+        await tx.execute("mark_key_settled", effect_id=effect_id, settled_by=settled_by)
+    else:
+        await tx.execute("free_idempotency_key", effect_id=effect_id)
+
+
+async def _insert_event(
+    tx: Tx,
+    effect_id: str,
+    kind: str,
+    actor: str,
+    upstream_status: int | None,
+    conclusion: str,
+    detail: str,
+) -> None:
+    await tx.execute(
+        "insert_event",
+        effect_id=effect_id,
+        at=tx.now,
+        kind=kind,
+        actor=actor,
+        upstream_status=upstream_status,
+        conclusion=conclusion,
+        detail=detail,
     )
 
 
@@ -427,6 +619,7 @@ def _idempotency(row: Row | None) -> IdempotencyRecord | None:
         epoch=int(row["epoch"]),
         expires_at=float(row["expires_at"]),
         response=response,
+        settled_by=row["settled_by"],
     )
 
 
@@ -448,4 +641,7 @@ def _effect(row: Row) -> EffectRecord:
         finished_at=row["finished_at"],
         upstream_status=row["upstream_status"],
         reason=row["reason"],
+        probe_attempts=int(row["probe_attempts"]),
+        next_probe_at=row["next_probe_at"],
+        settled_by=row["settled_by"],
     )

@@ -14,7 +14,7 @@ SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
 FROM leases WHERE token_hash = :token_hash
 
 -- effects_in_doubt --
-SELECT id, state FROM effects
+SELECT id, state, idempotency_key, fingerprint FROM effects
 WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN')
 ORDER BY created_at
 
@@ -35,7 +35,7 @@ WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
 
 -- idempotency_record --
 SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,
-       i.expires_at, i.response_status, i.response_headers, i.response_body
+       i.expires_at, i.response_status, i.response_headers, i.response_body, i.settled_by
 FROM idempotency i JOIN effects e ON e.id = i.effect_id
 WHERE i.resource = :resource AND i.key = :key
 
@@ -45,7 +45,7 @@ VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at)
 ON CONFLICT (resource, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
     epoch = excluded.epoch, expires_at = excluded.expires_at,
-    response_status = NULL, response_headers = NULL, response_body = NULL
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- store_response --
 UPDATE idempotency
@@ -62,9 +62,13 @@ VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
         :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline)
 
 -- finish_effect --
+-- An UNKNOWN effect is due for its first probe at once. A receipt that arrives
+-- after a sweep marked its effect UNKNOWN (a stalled proxy) still counts: it is
+-- better evidence than none, unless the effect was settled meanwhile.
 UPDATE effects SET state = :state, finished_at = :finished_at,
-                   upstream_status = :upstream_status, reason = :reason
-WHERE id = :id AND state = 'DISPATCHING'
+                   upstream_status = :upstream_status, reason = :reason,
+                   next_probe_at = CASE WHEN :state = 'UNKNOWN' THEN :finished_at END
+WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN') AND settled_by IS NULL
 
 -- effect --
 SELECT * FROM effects WHERE id = :id
@@ -90,3 +94,58 @@ WHERE expires_at <= :now
 
 -- ping --
 SELECT 1 AS ok
+
+-- dispatching_effects_of_instance --
+SELECT id FROM effects WHERE state = 'DISPATCHING' AND instance_id = :instance_id
+
+-- overdue_dispatching_effects --
+SELECT id FROM effects WHERE state = 'DISPATCHING' AND deadline < :cutoff
+
+-- mark_unknown --
+UPDATE effects SET state = 'UNKNOWN', reason = :reason, next_probe_at = :now
+WHERE id = :id AND state = 'DISPATCHING'
+
+-- insert_event --
+INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion, detail)
+VALUES (:effect_id, :at, :kind, :actor, :upstream_status, :conclusion, :detail)
+
+-- effect_events --
+SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events
+WHERE effect_id = :effect_id ORDER BY id
+
+-- in_doubt_effects --
+SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN') ORDER BY created_at LIMIT :limit
+
+-- due_probes --
+SELECT * FROM effects
+WHERE state = 'UNKNOWN' AND next_probe_at IS NOT NULL AND next_probe_at <= :now
+  AND (probe_claimed_until IS NULL OR probe_claimed_until < :now)
+ORDER BY next_probe_at LIMIT :limit
+
+-- claim_probe --
+UPDATE effects SET probe_claimed_by = :instance_id, probe_claimed_until = :until
+WHERE id = :id AND state = 'UNKNOWN'
+  AND (probe_claimed_until IS NULL OR probe_claimed_until < :now)
+
+-- record_probe_attempt --
+UPDATE effects SET probe_attempts = probe_attempts + 1, next_probe_at = :next_probe_at,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id
+
+-- settle_effect --
+UPDATE effects SET state = :state, settled_by = :settled_by, reason = :reason,
+                   finished_at = COALESCE(finished_at, :now), next_probe_at = NULL,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN')
+
+-- mark_key_settled --
+UPDATE idempotency SET settled_by = :settled_by WHERE effect_id = :effect_id
+
+-- count_effects_by_state --
+SELECT state, count(*) AS n FROM effects GROUP BY state
+
+-- blocked_resources --
+SELECT count(DISTINCT resource) AS n FROM effects WHERE state = 'UNKNOWN'
+
+-- oldest_in_doubt --
+SELECT min(created_at) AS oldest FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN')

@@ -1,0 +1,61 @@
+"""Prometheus metrics: counters kept in the process, gauges read from the store.
+
+Gauges about effects come from the store at scrape time, not from counters in
+memory: the store is the authority, and a replica or a restart must not skew them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from proxy.store import Store
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "fenceproxy_requests",
+            "Requests on routes, by route and outcome",
+            ["route", "outcome"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "fenceproxy_refusals", "Refused requests by code", ["code"], registry=self.registry
+        )
+        self.probes = Counter(
+            "fenceproxy_probe_attempts",
+            "Probe attempts by conclusion",
+            ["conclusion"],
+            registry=self.registry,
+        )
+        self.upstream_latency = Histogram(
+            "fenceproxy_upstream_latency_seconds",
+            "Time from sending a request upstream to its complete answer",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.effects = Gauge(
+            "fenceproxy_effects", "Effects in the store by state", ["state"], registry=self.registry
+        )
+        self.blocked = Gauge(
+            "fenceproxy_blocked_resources",
+            "Resources with an UNKNOWN effect",
+            registry=self.registry,
+        )
+        self.oldest_in_doubt = Gauge(
+            "fenceproxy_oldest_in_doubt_age_seconds",
+            "Age of the oldest DISPATCHING or UNKNOWN effect (0 when none)",
+            registry=self.registry,
+        )
+
+    async def render(self, store: Store, now: float) -> bytes:
+        by_state, blocked, oldest = await store.counts()
+        for state in ("DISPATCHING", "COMMITTED", "NOT_COMMITTED", "NOT_SENT", "UNKNOWN"):
+            self.effects.labels(state).set(by_state.get(state, 0))
+        self.blocked.set(blocked)
+        self.oldest_in_doubt.set(max(0.0, now - oldest) if oldest is not None else 0.0)
+        return generate_latest(self.registry)

@@ -1,0 +1,84 @@
+"""Reconciliation rules as pure functions: what a probe answer proves, when to
+ask again, and when an operator may decide.
+
+A "not committed" answer is believed only once the settle window has passed
+since dispatch: a slow upstream may still be applying the write, and a lookup
+that runs before it lands would wrongly free the key for a second send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from policies import Outcome, Reconcile
+from proxy.records import EffectRecord, EffectState, Refusal
+
+FIRST_RETRY_S = 0.5
+MAX_RETRY_S = 30.0
+# How long past its deadline a DISPATCHING effect is still treated as possibly in
+# flight: the proxy's own timeout has fired by then, and this absorbs scheduling delay.
+DEADLINE_MARGIN_S = 2.0
+
+
+class Conclusion(StrEnum):
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    conclusion: Conclusion
+    detail: str
+
+
+def judge_probe(
+    status: int | None,
+    error: str | None,
+    reconcile: Reconcile,
+    dispatched_at: float,
+    now: float,
+) -> Verdict:
+    if status is None:
+        return Verdict(Conclusion.INCONCLUSIVE, f"probe failed: {error}")
+    outcome = reconcile.rules.classify(status)
+    if outcome is Outcome.COMMITTED:
+        return Verdict(Conclusion.COMMITTED, f"probe answered {status}: committed")
+    if outcome is Outcome.NOT_COMMITTED:
+        waited = now - dispatched_at
+        if waited < reconcile.settle_s:
+            return Verdict(
+                Conclusion.INCONCLUSIVE,
+                f"probe answered {status} only {waited:.2f}s after dispatch; "
+                f"not believed before settle_s={reconcile.settle_s:g}s",
+            )
+        return Verdict(Conclusion.NOT_COMMITTED, f"probe answered {status}: not committed")
+    return Verdict(Conclusion.INCONCLUSIVE, f"probe answered {status}, which proves nothing")
+
+
+def next_probe_at(
+    attempts_made: int, reconcile: Reconcile, dispatched_at: float, now: float
+) -> float | None:
+    """When to probe again after an inconclusive answer; None once attempts are used up."""
+    if attempts_made >= reconcile.attempts:
+        return None
+    backoff = min(FIRST_RETRY_S * 2.0 ** max(attempts_made - 1, 0), MAX_RETRY_S)
+    return max(now + backoff, dispatched_at + reconcile.settle_s)
+
+
+def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
+    """May an outcome be recorded for this effect now?"""
+    context = {"effect_id": effect.id, "state": effect.state.value}
+    if effect.state is EffectState.UNKNOWN:
+        return None
+    if effect.state is EffectState.DISPATCHING:
+        if now > effect.deadline + DEADLINE_MARGIN_S:
+            return None
+        return Refusal(
+            "effect_in_flight",
+            "the effect's request may still be in flight; wait for its deadline "
+            f"({effect.deadline - now + DEADLINE_MARGIN_S:.1f}s)",
+            context,
+        )
+    return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)

@@ -1,0 +1,151 @@
+"""Probing the upstream for effects whose outcome is unknown.
+
+The I/O shell around `reconcile.decisions`: render the route's probe request,
+send it, let `judge_probe` say what the answer proves, and record it. The
+background loop never touches the admission path: it claims due effects in
+the store (so one prober works on an effect at a time, across replicas), and
+the schedule lives in the store, so probing resumes after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from policies import Policy, Route
+from proxy.records import EffectRecord, EffectState
+from proxy.store import Store, StoreUnavailable
+from reconcile.decisions import Conclusion, judge_probe, next_probe_at
+
+log = logging.getLogger("fenceproxy.reconcile")
+
+POLL_INTERVAL_S = 0.2
+CLAIM_BATCH = 16
+SWEEP_INTERVAL_S = 1.0
+
+_SETTLES = {
+    Conclusion.COMMITTED: EffectState.COMMITTED,
+    Conclusion.NOT_COMMITTED: EffectState.NOT_COMMITTED,
+}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    effect: EffectRecord | None
+    conclusion: str
+    detail: str
+
+
+def probe_path(route: Route, effect: EffectRecord) -> str:
+    """The probe request's path, from the effect's own path parameters and key."""
+    assert route.reconcile is not None
+    values = dict(route.path.match(effect.path) or {})
+    values["idempotency_key"] = effect.idempotency_key or ""
+    return route.reconcile.probe.path.render(values, url_quote=True)
+
+
+async def ask_upstream(
+    session: aiohttp.ClientSession, route: Route, effect: EffectRecord
+) -> tuple[int | None, str | None]:
+    """(status, None) if the upstream answered, (None, why) if it did not."""
+    assert route.reconcile is not None
+    upstream = route.upstream
+    url = upstream.url + probe_path(route, effect)
+    timeout = aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
+    headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
+    try:
+        async with session.request(
+            route.reconcile.probe.method,
+            url,
+            headers=headers,
+            timeout=timeout,
+            allow_redirects=False,
+        ) as response:
+            await response.read()
+            return response.status, None
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+async def probe_effect(
+    store: Store,
+    session: aiohttp.ClientSession,
+    policy: Policy,
+    effect: EffectRecord,
+    clock: Callable[[], float],
+) -> ProbeResult:
+    """Probe once and record what it proved."""
+    route = policy.route_named(effect.route)
+    if route is None or route.reconcile is None:
+        detail = "the route has no reconcile block: an operator must resolve this effect"
+        recorded = await store.record_probe(effect.id, None, "no_probe", detail, None, None)
+        return ProbeResult(recorded, "no_probe", detail)
+    status, error = await ask_upstream(session, route, effect)
+    now = clock()
+    verdict = judge_probe(status, error, route.reconcile, effect.created_at, now)
+    settles = _SETTLES.get(verdict.conclusion)
+    retry_at = None
+    if settles is None:
+        retry_at = next_probe_at(effect.probe_attempts + 1, route.reconcile, effect.created_at, now)
+    recorded = await store.record_probe(
+        effect.id, status, verdict.conclusion.value, verdict.detail, retry_at, settles
+    )
+    log.info("probe of %s (%s): %s", effect.id, effect.resource, verdict.detail)
+    return ProbeResult(recorded, verdict.conclusion.value, verdict.detail)
+
+
+class Reconciler:
+    """Background work: turn overdue DISPATCHING effects into UNKNOWN, probe UNKNOWN ones."""
+
+    def __init__(
+        self,
+        store: Store,
+        session: aiohttp.ClientSession,
+        policy: Policy,
+        clock: Callable[[], float],
+        deadline_margin_s: float,
+        on_probe: Callable[[str], None] = lambda conclusion: None,
+    ) -> None:
+        self.store = store
+        self.session = session
+        self.policy = policy
+        self.clock = clock
+        self.deadline_margin_s = deadline_margin_s
+        self.on_probe = on_probe
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        last_sweep = 0.0
+        while True:
+            try:
+                now = self.clock()
+                if now - last_sweep >= SWEEP_INTERVAL_S:
+                    last_sweep = now
+                    swept = await self.store.recover(None, now - self.deadline_margin_s)
+                    if swept:
+                        log.warning("effects past their deadline now UNKNOWN: %s", swept)
+                await self.probe_due()
+            except StoreUnavailable as exc:
+                log.warning("reconciliation paused, store unavailable: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), POLL_INTERVAL_S)
+            self.wake.clear()
+
+    async def probe_due(self) -> None:
+        # Claim long enough for a probe to finish, so no other prober takes it meanwhile.
+        longest = max((u.timeout_s for u in self.policy.upstreams.values()), default=5.0)
+        due = await self.store.claim_due_probes(CLAIM_BATCH, claim_s=longest + 5.0)
+        results = await asyncio.gather(
+            *(probe_effect(self.store, self.session, self.policy, e, self.clock) for e in due),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, ProbeResult):
+                self.on_probe(result.conclusion)
+            elif isinstance(result, Exception):
+                log.error("probe failed: %s", result)
