@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from policies.nodes import ConfigError, Mapping, Node, Problems, compose
+from policies.nodes import ConfigError, Mapping, Node, Problem, Problems, compose
 from policies.templates import PathTemplate, StringTemplate, TemplateError
 
 RESOURCE_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}\Z")
@@ -126,8 +126,8 @@ class Policy:
     def load(cls, path: str | Path) -> Policy:
         try:
             text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(str(path), []) from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(path), [Problem(1, "<file>", f"cannot be read: {exc}")]) from exc
         return cls.parse(text, str(path))
 
     @classmethod
@@ -188,7 +188,9 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
             root.children["store"],
             f"expected sqlite:///PATH or postgresql://..., got {store!r}",
         )
-    elif scheme == "sqlite" and not store.startswith("sqlite:///"):
+    elif scheme == "sqlite" and (
+        not store.startswith("sqlite:///") or not store[len("sqlite:///") :].partition("?")[0]
+    ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
     return str(store)
 

@@ -42,12 +42,12 @@ class PathTemplate:
         params: list[str] = []
         pieces: list[str | None] = []
         position = 0
-        for placeholder in _PLACEHOLDER.finditer(raw):
-            literal = raw[position : placeholder.start()]
-            _reject_stray_braces(literal)
+        for start, end, inner in _placeholders(raw):
+            literal = raw[position:start]
+            _check_path_literal(literal)
             regex.append(re.escape(literal))
             pieces.append(literal)
-            name, _, kind = placeholder.group(1).partition(":")
+            name, _, kind = inner.partition(":")
             if not _NAME.match(name):
                 raise TemplateError(f"parameter name {name!r} is not an identifier")
             if name in params:
@@ -55,8 +55,8 @@ class PathTemplate:
             regex.append(f"(?P<{name}>{_param_regex(name, kind)})")
             params.append(name)
             pieces.append(None)
-            position = placeholder.end()
-        _reject_stray_braces(raw[position:])
+            position = end
+        _check_path_literal(raw[position:])
         regex.append(re.escape(raw[position:]))
         pieces.append(raw[position:])
         return cls(raw, re.compile("".join(regex) + r"\Z"), tuple(params), tuple(pieces))
@@ -96,6 +96,32 @@ class PathTemplate:
                 if first.match(path) is not None and second.match(path) is not None:
                     return path
         return None
+
+
+def _placeholders(raw: str) -> list[tuple[int, int, str]]:
+    """(start, end, inside) of each top-level `{...}`; braces may nest inside a regex
+    parameter (`{id:[0-9]{3}}`)."""
+    found = []
+    depth = 0
+    start = 0
+    for index, char in enumerate(raw):
+        if char == "{":
+            if depth == 0:
+                start = index
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                found.append((start, index + 1, raw[start + 1 : index]))
+    if depth:
+        raise TemplateError("unbalanced '{' or '}'")
+    return found
+
+
+def _check_path_literal(literal: str) -> None:
+    _reject_stray_braces(literal)
+    if "?" in literal or "#" in literal:
+        raise TemplateError("a path template matches the path only, without '?' or '#'")
 
 
 def _param_regex(name: str, kind: str) -> str:

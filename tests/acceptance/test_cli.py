@@ -1,0 +1,305 @@
+"""The installed `fenceproxy` console script, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "config" / "example.yaml"
+RESOURCE = "supplier:widget"
+
+
+def _find_cli() -> str:
+    bin_dir = str(Path(sys.executable).parent)
+    found = shutil.which("fenceproxy", path=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+    assert found is not None, "the fenceproxy console script is not installed"
+    return found
+
+
+FENCEPROXY = _find_cli()
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def one_line_error(self) -> str:
+        lines = self.err.strip().splitlines()
+        assert len(lines) == 1, self.err
+        assert lines[0].startswith("fenceproxy: "), lines[0]
+        return lines[0]
+
+
+@dataclass(frozen=True)
+class Cli:
+    cwd: Path
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> Result:
+        environment = {k: v for k, v in os.environ.items() if k != "FENCEPROXY_CONFIG"}
+        environment.update(env or {})
+        done = subprocess.run(
+            [FENCEPROXY, *args],
+            cwd=self.cwd,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """The example policy on a fresh SQLite store under tmp_path."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    store_line = "store: sqlite:///state/fenceproxy.db"
+    assert text.count(store_line) == 1
+    path = tmp_path / "fenceproxy.yaml"
+    path.write_text(
+        text.replace(store_line, f"store: sqlite:///{tmp_path / 's.db'}"), encoding="utf-8"
+    )
+    return path
+
+
+# --- check-config -----------------------------------------------------------------------
+
+
+def test_check_config_accepts_the_example(cli: Cli) -> None:
+    result = cli("check-config", str(EXAMPLE))
+    assert result.code == 0, result.err
+    assert f"{EXAMPLE}: ok (4 routes, 2 fenced" in result.out
+
+
+def test_check_config_reads_the_config_option_and_the_environment(cli: Cli) -> None:
+    assert cli("check-config", "--config", str(EXAMPLE)).code == 0
+    assert cli("check-config", env={"FENCEPROXY_CONFIG": str(EXAMPLE)}).code == 0
+
+
+BAD = """\
+version: 2
+listen: {host: 127.0.0.1, port: "8080"}
+upstreams:
+  supplier: {url: "http://127.0.0.1:9001", timeout_s: 5, connect_timeout_s: 9}
+routes:
+  - name: place-order
+    upstream: warehouse
+    match: {methods: [POST], path: "/orders/{sku}"}
+    resource: "supplier:{item}"
+"""
+
+
+def test_check_config_lists_every_problem_with_file_line_and_key(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD, encoding="utf-8")
+    result = cli("check-config", str(bad))
+    assert result.code != 0
+    assert result.out == ""
+    expected = [
+        f"{bad}:1: version: only version 1 is known, got 2",
+        f"{bad}:2: listen.port: expected an integer, got '8080'",
+        f"{bad}:4: upstreams.supplier: connect_timeout_s (9) exceeds timeout_s (5)",
+        f"{bad}:7: routes[0].upstream: upstream 'warehouse' is not defined",
+        f"{bad}:9: routes[0].resource: {{item}} is not a parameter of path '/orders/{{sku}}'",
+    ]
+    for line in expected:
+        assert line in result.err, result.err
+    positions = [result.err.index(line) for line in expected]
+    assert positions == sorted(positions)
+
+
+def test_check_config_on_invalid_yaml_names_the_line(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("version: 1\nlisten: {port: 8080\nroutes: []\n", encoding="utf-8")
+    result = cli("check-config", str(bad))
+    assert result.code != 0
+    assert f"{bad}:3: <file>: not valid YAML" in result.err
+
+
+def test_check_config_on_a_missing_file_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = cli("check-config", str(missing))
+    assert result.code != 0
+    assert result.one_line_error() == f"fenceproxy: {missing}: no such file"
+    assert result.out == ""
+
+
+def test_command_without_a_policy_file_is_one_line(cli: Cli) -> None:
+    result = cli("leases", "show", RESOURCE)
+    assert result.code != 0
+    assert "no policy file" in result.one_line_error()
+
+
+# --- leases -----------------------------------------------------------------------------
+
+
+def test_leases_show_on_a_fresh_store_is_epoch_0(cli: Cli, config: Path) -> None:
+    result = cli("leases", "show", RESOURCE, "--config", str(config), "--json")
+    assert result.code == 0, result.err
+    assert result.json() == {
+        "resource": RESOURCE,
+        "epoch": 0,
+        "holder": None,
+        "expires_at": None,
+        "live": False,
+        "blocked": False,
+        "in_doubt": [],
+    }
+
+
+def test_leases_show_prints_a_table_for_people(cli: Cli, config: Path) -> None:
+    result = cli("leases", "show", RESOURCE, "--config", str(config))
+    assert result.code == 0, result.err
+    header, row = result.out.splitlines()
+    assert header.split() == ["epoch", "holder", "live", "blocked", "expires_at", "in_doubt"]
+    assert row.split()[0] == "0"
+
+
+def test_revoke_advances_the_epoch_and_it_persists_across_processes(cli: Cli, config: Path) -> None:
+    first = cli("leases", "revoke", RESOURCE, "--reason", "x", "--config", str(config), "--json")
+    assert first.code == 0, first.err
+    assert first.json() == {"resource": RESOURCE, "revoked_epoch": 0, "epoch": 1}
+
+    second = cli("leases", "revoke", RESOURCE, "--reason", "x", "--config", str(config), "--json")
+    assert second.code == 0, second.err
+    assert second.json() == {"resource": RESOURCE, "revoked_epoch": 1, "epoch": 2}
+
+    shown = cli("leases", "show", RESOURCE, "--config", str(config), "--json")
+    assert shown.code == 0, shown.err
+    assert shown.json()["epoch"] == 2
+    assert shown.json()["live"] is False
+
+    other = cli("leases", "show", "supplier:other", "--config", str(config), "--json")
+    assert other.json()["epoch"] == 0
+
+
+def test_revoke_with_a_blank_reason_is_refused(cli: Cli, config: Path) -> None:
+    result = cli("leases", "revoke", RESOURCE, "--reason", "  ", "--config", str(config))
+    assert result.code != 0
+    assert result.one_line_error() == "fenceproxy: --reason must not be empty"
+    shown = cli("leases", "show", RESOURCE, "--config", str(config), "--json")
+    assert shown.json()["epoch"] == 0
+
+
+def test_invalid_resource_name_is_one_line(cli: Cli, config: Path) -> None:
+    result = cli("leases", "show", "not valid", "--config", str(config))
+    assert result.code != 0
+    assert "'not valid' is not a valid resource name" in result.one_line_error()
+
+
+# --- effects ----------------------------------------------------------------------------
+
+
+def test_effects_list_on_a_fresh_store_is_empty(cli: Cli, config: Path) -> None:
+    result = cli("effects", "list", "--config", str(config), "--json")
+    assert result.code == 0, result.err
+    assert result.json() == []
+
+
+def test_effects_show_of_an_unknown_id_is_one_line(cli: Cli, config: Path) -> None:
+    result = cli("effects", "show", "nope", "--config", str(config))
+    assert result.code != 0
+    assert result.one_line_error() == "fenceproxy: no effect nope"
+    assert result.out == ""
+
+
+def test_rejections_on_a_fresh_store_are_empty(cli: Cli, config: Path) -> None:
+    result = cli("effects", "rejections", "--config", str(config), "--json")
+    assert result.code == 0, result.err
+    assert result.json() == []
+
+
+# --- reconcile --------------------------------------------------------------------------
+
+
+def test_reconcile_list_on_a_fresh_store_has_nothing_in_doubt(cli: Cli, config: Path) -> None:
+    result = cli("reconcile", "list", "--config", str(config), "--json")
+    assert result.code == 0, result.err
+    assert result.json() == {"blocked_resources": [], "in_doubt": []}
+
+
+def test_reconcile_probe_of_an_unknown_effect_is_one_line(cli: Cli, config: Path) -> None:
+    result = cli("reconcile", "probe", "nope", "--config", str(config))
+    assert result.code != 0
+    assert result.one_line_error() == "fenceproxy: no effect nope"
+
+
+def test_reconcile_resolve_of_an_unknown_effect_is_one_line(cli: Cli, config: Path) -> None:
+    result = cli(
+        "reconcile",
+        "resolve",
+        "nope",
+        "--outcome",
+        "committed",
+        "--reason",
+        "checked the supplier portal",
+        "--config",
+        str(config),
+    )
+    assert result.code != 0
+    assert "no effect nope" in result.one_line_error()
+
+
+# --- lease-advice -----------------------------------------------------------------------
+
+
+def test_lease_advice_prints_a_row_per_fenced_route(cli: Cli, config: Path) -> None:
+    result = cli("lease-advice", "--config", str(config))
+    assert result.code == 0, result.err
+    header, *rows = result.out.splitlines()
+    assert header.split()[0] == "route"
+    assert [row.split()[0] for row in rows] == ["place-order", "put-rule"]
+    assert all(row.split()[-1] == "ok" for row in rows)
+
+
+def test_lease_advice_json_suggests_a_ttl_above_the_upstream_timeout(
+    cli: Cli, config: Path
+) -> None:
+    result = cli("lease-advice", "--config", str(config), "--json")
+    assert result.code == 0, result.err
+    advice = result.json()
+    assert [a["route"] for a in advice] == ["place-order", "put-rule"]
+    for entry in advice:
+        assert entry["upstream_timeout_s"] == 5
+        assert entry["suggested_ttl_s"] > entry["upstream_timeout_s"]
+        assert entry["problems"] == []
+
+
+def test_lease_advice_fails_when_max_ttl_is_below_an_upstream_timeout(
+    cli: Cli, config: Path
+) -> None:
+    text = config.read_text(encoding="utf-8")
+    old = "leases: {min_ttl_s: 1, max_ttl_s: 300, default_ttl_s: 30}"
+    assert text.count(old) == 1
+    config.write_text(
+        text.replace(old, "leases: {min_ttl_s: 1, max_ttl_s: 3, default_ttl_s: 2}"),
+        encoding="utf-8",
+    )
+    table = cli("lease-advice", "--config", str(config))
+    assert table.code != 0
+    rows = table.out.splitlines()[1:]
+    assert len(rows) == 2
+    assert all("max_ttl_s is below the upstream timeout" in row for row in rows)
+
+    as_json = cli("lease-advice", "--config", str(config), "--json")
+    assert as_json.code != 0
+    assert all(entry["problems"] for entry in as_json.json())

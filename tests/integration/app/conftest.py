@@ -1,0 +1,375 @@
+"""In-process harness: the proxy app on a real SQLite store in front of a real demo upstream.
+
+Both servers run inside the test's event loop (aiohttp_server / aiohttp_client,
+bound to 127.0.0.1). Nothing is mocked: the proxy's records are in a SQLite file
+under tmp_path and the upstream counts its own effects in another one. Time, as
+the proxy sees it, is a `FakeClock` the test advances, so leases expire without
+sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any, Protocol
+
+import pytest
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
+from pytest_aiohttp import AiohttpClient, AiohttpServer
+
+from demo.upstream import make_app as make_upstream_app
+from policies import Policy
+from proxy.app import build_app
+from proxy.cli import PARSER_LIMITS
+from proxy.runtime import RUNTIME
+from proxy.store import Store
+
+ADMIN_TOKEN = "admin-secret-for-integration-tests-0123456789"
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
+POLL_INTERVAL_S = 0.01
+POLL_ATTEMPTS = 500
+
+Json = dict[str, Any]
+ProxyClient = TestClient[Any, Any]
+Headers = Mapping[str, str] | CIMultiDict[str]
+
+
+class FakeClock:
+    """The proxy's and the store's notion of now; only a test moves it."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+POLICY = Template(
+    """\
+version: 1
+listen: {host: 127.0.0.1, port: 8080}
+store: $store
+admin_token_env: FENCEPROXY_TEST_ADMIN_TOKEN
+leases: {min_ttl_s: 0.1, max_ttl_s: 60, default_ttl_s: 5}
+upstreams:
+  supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5}
+routes:
+  - name: place-order
+    upstream: supplier
+    match: {methods: [POST], path: "/orders/{sku}"}
+    resource: "supplier:{sku}"
+    fence: required
+    forward_fence_headers: $forward_fence_headers
+    max_body_bytes: 1024
+    max_in_flight: $max_in_flight
+    idempotency: {required: true, retain_s: 60}
+$place_order_extra  - name: put-rule
+    upstream: supplier
+    match: {methods: [PUT], path: "/rules/{rule_id}"}
+    resource: "rules:{rule_id}"
+    fence: required
+    idempotency: {required: false}
+  - name: read-orders
+    upstream: supplier
+    match: {methods: [GET], path: "/orders/{rest:.*}"}
+    fence: none
+"""
+)
+
+# A reconcile block for place-order that asks the demo upstream whether an order with
+# the effect's Idempotency-Key exists (200: committed, 404: not committed).
+PROBE_BY_KEY = (
+    '{probe: {method: GET, path: "/orders/by-key/{idempotency_key}"}, '
+    'committed: ["200"], not_committed: ["404"], settle_s: 2, attempts: 5}'
+)
+
+
+def policy_yaml(
+    store_url: str,
+    upstream_url: str,
+    *,
+    timeout_s: float = 1,
+    forward_fence_headers: bool = False,
+    max_in_flight: int = 1,
+    reconcile: str | None = None,
+    upstream_idempotent: bool = False,
+) -> str:
+    """The test policy; `reconcile` (a YAML mapping) and `upstream_idempotent` go on
+    the place-order route."""
+    extra = ""
+    if reconcile is not None:
+        extra += f"    reconcile: {reconcile}\n"
+    if upstream_idempotent:
+        extra += "    upstream_idempotent: true\n"
+    return POLICY.substitute(
+        store=json.dumps(store_url),
+        url=json.dumps(upstream_url),
+        timeout_s=timeout_s,
+        forward_fence_headers="true" if forward_fence_headers else "false",
+        max_in_flight=max_in_flight,
+        place_order_extra=extra,
+    )
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def json_body(response: ClientResponse) -> Json:
+    body = await response.json(content_type=None)
+    assert isinstance(body, dict), body
+    return body
+
+
+async def assert_problem(response: ClientResponse, status: int, code: str) -> Json:
+    """A refusal: RFC 9457 problem+json with the contract's code and status."""
+    text = await response.text()
+    assert response.status == status, (response.status, text)
+    assert response.content_type == "application/problem+json", (response.content_type, text)
+    body = json.loads(text)
+    assert isinstance(body, dict)
+    assert body.keys() >= PROBLEM_KEYS, body
+    assert body["code"] == code, body
+    assert body["status"] == status, body
+    assert isinstance(body["detail"], str) and body["detail"], body
+    return body
+
+
+async def poll_until(
+    check: Callable[[], Awaitable[bool]], what: str, attempts: int = POLL_ATTEMPTS
+) -> None:
+    """Bounded polling: `check` must come true within `attempts` tries."""
+    for _ in range(attempts):
+        if await check():
+            return
+        await asyncio.sleep(POLL_INTERVAL_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sqlite_rows(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Read the proxy's SQLite file directly (a separate connection, closed at once)."""
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        return [tuple(row) for row in conn.execute(sql, params).fetchall()]
+
+
+@dataclass
+class Fence:
+    """One running proxy app, its demo upstream, and helpers to talk to both."""
+
+    client: ProxyClient
+    app: web.Application
+    upstream: TestClient[Any, Any]
+    clock: FakeClock
+    db_path: Path
+    policy: Policy
+    restart_app: Callable[[], Awaitable[Fence]] = field(repr=False)
+    # The policy as a YAML file, for the CLI (which reads `--config`).
+    config_path: Path | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.app[RUNTIME].store
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    async def restart(self) -> Fence:
+        """Close this app (its store too) and start a new one on the same files."""
+        await self.client.close()
+        return await self.restart_app()
+
+    # -- lease API ------------------------------------------------------------
+
+    async def acquire_response(
+        self, resource: str, holder: str = "worker-a", ttl_s: float | None = 30
+    ) -> ClientResponse:
+        payload: Json = {"resource": resource, "holder": holder}
+        if ttl_s is not None:
+            payload["ttl_s"] = ttl_s
+        return await self.client.post("/_fence/v1/leases", json=payload)
+
+    async def acquire(
+        self, resource: str, holder: str = "worker-a", ttl_s: float | None = 30
+    ) -> Json:
+        response = await self.acquire_response(resource, holder, ttl_s)
+        body = await json_body(response)
+        assert response.status == 201, body
+        return body
+
+    async def lease(self, resource: str) -> Json:
+        response = await self.client.get("/_fence/v1/leases", params={"resource": resource})
+        body = await json_body(response)
+        assert response.status == 200, body
+        return body
+
+    # -- fenced writes ----------------------------------------------------------
+
+    async def order(
+        self,
+        sku: str,
+        token: str | None,
+        key: str | None,
+        body: Json | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ClientResponse:
+        sent: dict[str, str] = {"Content-Type": "application/json"}
+        if token is not None:
+            sent["Fence-Token"] = token
+        if key is not None:
+            sent["Idempotency-Key"] = key
+        sent.update(headers or {})
+        payload = json.dumps({"qty": 1} if body is None else body).encode()
+        return await self.client.post(f"/orders/{sku}", data=payload, headers=sent)
+
+    # -- admin API ----------------------------------------------------------------
+
+    async def effects(self, **query: str) -> list[Json]:
+        response = await self.client.get("/_fence/v1/effects", params=query, headers=self.admin)
+        body = await json_body(response)
+        assert response.status == 200, body
+        effects: list[Json] = body["effects"]
+        return effects
+
+    async def effect(self, effect_id: str) -> Json:
+        response = await self.client.get(f"/_fence/v1/effects/{effect_id}", headers=self.admin)
+        body = await json_body(response)
+        assert response.status == 200, body
+        return body
+
+    async def rejections(self, **query: str) -> list[Json]:
+        response = await self.client.get(
+            "/_fence/v1/rejections", params={"limit": "1000", **query}, headers=self.admin
+        )
+        body = await json_body(response)
+        assert response.status == 200, body
+        rejections: list[Json] = body["rejections"]
+        return rejections
+
+    async def revoke(self, resource: str, reason: str = "test revoke") -> Json:
+        response = await self.client.post(
+            "/_fence/v1/admin/revoke",
+            json={"resource": resource, "reason": reason},
+            headers=self.admin,
+        )
+        body = await json_body(response)
+        assert response.status == 200, body
+        return body
+
+    # -- the upstream's own records -------------------------------------------------
+
+    async def demo_effects(self) -> Json:
+        response = await self.upstream.get("/_demo/effects")
+        assert response.status == 200
+        return await json_body(response)
+
+    async def upstream_orders(self) -> int:
+        orders: int = (await self.demo_effects())["orders"]
+        return orders
+
+    async def headers_seen(self) -> Json:
+        response = await self.upstream.get("/_demo/headers-seen")
+        assert response.status == 200
+        return await json_body(response)
+
+
+class FenceFactory(Protocol):
+    def __call__(
+        self,
+        *,
+        upstream_url: str | None = None,
+        timeout_s: float = 1,
+        forward_fence_headers: bool = False,
+        max_in_flight: int = 1,
+        admin_token: str | None = ADMIN_TOKEN,
+        reconcile: str | None = None,
+        upstream_idempotent: bool = False,
+    ) -> Awaitable[Fence]: ...
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def make_fence(
+    aiohttp_server: AiohttpServer,
+    aiohttp_client: AiohttpClient,
+    tmp_path: Path,
+    clock: FakeClock,
+) -> FenceFactory:
+    """Start the demo upstream (once per test) and a proxy app in front of it."""
+    upstream_server: TestServer | None = None
+    upstream_client: TestClient[Any, Any] | None = None
+
+    async def start_upstream() -> tuple[TestServer, TestClient[Any, Any]]:
+        nonlocal upstream_server, upstream_client
+        if upstream_server is None or upstream_client is None:
+            upstream_server = await aiohttp_server(
+                make_upstream_app(str(tmp_path / "upstream.db")), host="127.0.0.1"
+            )
+            upstream_client = await aiohttp_client(upstream_server)
+        return upstream_server, upstream_client
+
+    async def factory(
+        *,
+        upstream_url: str | None = None,
+        timeout_s: float = 1,
+        forward_fence_headers: bool = False,
+        max_in_flight: int = 1,
+        admin_token: str | None = ADMIN_TOKEN,
+        reconcile: str | None = None,
+        upstream_idempotent: bool = False,
+    ) -> Fence:
+        demo_server, upstream = await start_upstream()
+        db_path = tmp_path / "fence.db"
+        url = upstream_url or f"http://127.0.0.1:{demo_server.port}"
+        text = policy_yaml(
+            f"sqlite:///{db_path}",
+            url,
+            timeout_s=timeout_s,
+            forward_fence_headers=forward_fence_headers,
+            max_in_flight=max_in_flight,
+            reconcile=reconcile,
+            upstream_idempotent=upstream_idempotent,
+        )
+        policy = Policy.parse(text)
+        config_path = tmp_path / "fenceproxy.yaml"
+        config_path.write_text(text, encoding="utf-8")
+
+        async def start() -> Fence:
+            app = build_app(policy, admin_token=admin_token, clock=clock)
+            # The limits `fenceproxy serve` gives aiohttp's parser, so that oversized
+            # headers reach the proxy's own check rather than aiohttp's plain 400.
+            server = await aiohttp_server(app, host="127.0.0.1", **PARSER_LIMITS)
+            client: ProxyClient = await aiohttp_client(server)
+            return Fence(
+                client, app, upstream, clock, db_path, policy, start, config_path=config_path
+            )
+
+        return await start()
+
+    return factory
+
+
+@pytest.fixture
+async def fence(make_fence: FenceFactory) -> Fence:
+    return await make_fence()

@@ -1,0 +1,215 @@
+"""Request validation helpers and the request fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
+
+from policies import LeaseBounds
+from proxy.problems import ProblemError
+from proxy.requests import (
+    MAX_HEADER_TOTAL,
+    MAX_HEADER_VALUE,
+    check_header_sizes,
+    fingerprint,
+    holder_name,
+    idempotency_key,
+    read_body,
+    resource_name,
+    single_header,
+    ttl,
+)
+
+BOUNDS = LeaseBounds(min_ttl_s=1, max_ttl_s=300, default_ttl_s=30)
+
+
+def mocked(*headers: tuple[str, str]) -> web.Request:
+    return make_mocked_request("POST", "/orders/widget", headers=CIMultiDict(headers))
+
+
+def invalid_request(error: pytest.ExceptionInfo[ProblemError]) -> ProblemError:
+    assert error.value.code == "invalid_request"
+    return error.value
+
+
+# --- fingerprint ------------------------------------------------------------------------
+
+BASE = ("POST", "/orders/widget", "a=1", b'{"qty": 2}')
+
+
+def test_fingerprint_is_stable() -> None:
+    assert fingerprint(*BASE) == fingerprint(*BASE)
+    assert fingerprint(*BASE) == fingerprint("POST", "/orders/widget", "a=1", b'{"qty": 2}')
+
+
+def test_fingerprint_is_a_sha256_hex_digest() -> None:
+    digest = fingerprint(*BASE)
+    assert len(digest) == 64
+    assert int(digest, 16) >= 0
+
+
+def test_fingerprint_differs_by_method() -> None:
+    assert fingerprint("PUT", *BASE[1:]) != fingerprint(*BASE)
+
+
+def test_fingerprint_differs_by_path() -> None:
+    assert fingerprint("POST", "/orders/gadget", *BASE[2:]) != fingerprint(*BASE)
+
+
+def test_fingerprint_differs_by_query() -> None:
+    assert fingerprint("POST", "/orders/widget", "a=2", BASE[3]) != fingerprint(*BASE)
+    assert fingerprint("POST", "/orders/widget", "", BASE[3]) != fingerprint(*BASE)
+
+
+def test_fingerprint_differs_by_body() -> None:
+    assert fingerprint(*BASE[:3], b'{"qty": 3}') != fingerprint(*BASE)
+    assert fingerprint(*BASE[:3], b"") != fingerprint(*BASE)
+
+
+def test_fingerprint_keeps_parts_apart() -> None:
+    # Moving characters from one part to the next must not give the same fingerprint.
+    assert fingerprint("POST", "/a", "b=1", b"") != fingerprint("POST", "/ab", "=1", b"")
+    assert fingerprint("POST", "/a?b=1", "", b"") != fingerprint("POST", "/a", "b=1", b"")
+    assert fingerprint("GE", "T/a", "", b"") != fingerprint("GET", "/a", "", b"")
+
+
+# --- resource and holder names ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["r", "supplier:widget", "a.b_c:d@e/f+g=h-i", "A" * 256, "0"],
+)
+def test_valid_resource_names_are_returned(value: str) -> None:
+    assert resource_name(value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "A" * 257, "has space", "tab\t", "supplier:widget\n", "ümlaut", "a?b", "a#b", "a%2F"],
+)
+def test_bad_resource_names_are_invalid_request(value: str) -> None:
+    with pytest.raises(ProblemError) as error:
+        resource_name(value)
+    assert "resource must be 1-256 characters" in invalid_request(error).detail
+
+
+@pytest.mark.parametrize("value", [None, 42, ["r"], {"r": 1}, b"r"])
+def test_non_string_resource_is_invalid_request(value: object) -> None:
+    with pytest.raises(ProblemError) as error:
+        resource_name(value)
+    invalid_request(error)
+
+
+def test_resource_error_names_the_field() -> None:
+    with pytest.raises(ProblemError) as error:
+        resource_name("", field="token_resource")
+    assert invalid_request(error).detail.startswith("token_resource must be")
+
+
+@pytest.mark.parametrize("value", ["w", "worker-1", "host.a:pid_9@zone", "H" * 128])
+def test_valid_holder_names_are_returned(value: str) -> None:
+    assert holder_name(value) == value
+
+
+@pytest.mark.parametrize("value", ["", "H" * 129, "a/b", "a+b", "a=b", "two words", "w\n", 7, None])
+def test_bad_holder_names_are_invalid_request(value: object) -> None:
+    with pytest.raises(ProblemError) as error:
+        holder_name(value)
+    assert "holder must be 1-128 characters" in invalid_request(error).detail
+
+
+# --- ttl --------------------------------------------------------------------------------
+
+
+def test_absent_ttl_is_the_default() -> None:
+    assert ttl(None, BOUNDS) == 30
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1, 1.0), (300, 300.0), (12.5, 12.5)])
+def test_ttl_within_bounds_inclusive_is_accepted(value: float, expected: float) -> None:
+    result = ttl(value, BOUNDS)
+    assert result == expected
+    assert isinstance(result, float)
+
+
+@pytest.mark.parametrize("value", [0.999, 300.001, 0, -5, float("inf"), float("-inf")])
+def test_ttl_outside_bounds_is_invalid_request(value: float) -> None:
+    with pytest.raises(ProblemError) as error:
+        ttl(value, BOUNDS)
+    problem = invalid_request(error)
+    assert problem.detail == "ttl_s must be between 1 and 300"
+    assert problem.context == {"min_ttl_s": 1, "max_ttl_s": 300}
+
+
+@pytest.mark.parametrize("value", [True, False, "30", float("nan"), [30], {"s": 30}])
+def test_ttl_that_is_not_a_number_is_invalid_request(value: object) -> None:
+    with pytest.raises(ProblemError) as error:
+        ttl(value, BOUNDS)
+    assert invalid_request(error).detail == "ttl_s must be a number of seconds"
+
+
+# --- headers ----------------------------------------------------------------------------
+
+
+def test_idempotency_key_is_read_unchanged() -> None:
+    assert idempotency_key(mocked(("Idempotency-Key", "order-1:a/b"))) == "order-1:a/b"
+
+
+def test_absent_idempotency_key_is_none() -> None:
+    assert idempotency_key(mocked()) is None
+
+
+@pytest.mark.parametrize("value", ["has space", "k" * 256, "tab\tkey", "ümlaut"])
+def test_bad_idempotency_key_is_invalid_request(value: str) -> None:
+    with pytest.raises(ProblemError) as error:
+        idempotency_key(mocked(("Idempotency-Key", value)))
+    assert "Idempotency-Key must be 1-255 printable ASCII" in invalid_request(error).detail
+
+
+def test_longest_idempotency_key_is_accepted() -> None:
+    assert idempotency_key(mocked(("Idempotency-Key", "k" * 255))) == "k" * 255
+
+
+def test_header_sent_twice_is_ambiguous() -> None:
+    request = mocked(("Fence-Token", "a"), ("Fence-Token", "b"))
+    with pytest.raises(ProblemError) as error:
+        single_header(request, "Fence-Token")
+    assert "appears more than once" in invalid_request(error).detail
+
+
+def test_idempotency_key_sent_twice_is_invalid_request() -> None:
+    with pytest.raises(ProblemError) as error:
+        idempotency_key(mocked(("Idempotency-Key", "a"), ("Idempotency-Key", "a")))
+    invalid_request(error)
+
+
+def test_single_header_returns_the_one_value_or_none() -> None:
+    request = mocked(("Fence-Token", "tok"))
+    assert single_header(request, "fence-token") == "tok"
+    assert single_header(request, "Idempotency-Key") is None
+
+
+def test_header_value_over_the_limit_is_refused_and_at_the_limit_passes() -> None:
+    check_header_sizes(mocked(("X-Big", "v" * MAX_HEADER_VALUE)))  # does not raise
+    with pytest.raises(ProblemError) as error:
+        check_header_sizes(mocked(("X-Big", "v" * (MAX_HEADER_VALUE + 1))))
+    assert error.value.code == "headers_too_large"
+
+
+def test_headers_over_the_total_limit_are_refused() -> None:
+    count = MAX_HEADER_TOTAL // MAX_HEADER_VALUE + 1
+    headers = [(f"X-H{i}", "v" * MAX_HEADER_VALUE) for i in range(count)]
+    with pytest.raises(ProblemError) as error:
+        check_header_sizes(mocked(*headers))
+    assert error.value.code == "headers_too_large"
+
+
+async def test_declared_body_over_the_limit_is_refused_before_reading() -> None:
+    request = mocked(("Content-Length", "101"))
+    with pytest.raises(ProblemError) as error:
+        await read_body(request, 100)
+    assert error.value.code == "payload_too_large"
+    assert error.value.context == {"limit": 100}
