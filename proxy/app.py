@@ -59,7 +59,7 @@ def build_app(
     if store is None:
         store = open_store(policy.store, clock, default_instance_id(policy))
     app = web.Application(middlewares=[problem_middleware])
-    runtime = Runtime(policy, store, admin_token, clock)
+    runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime
     app.cleanup_ctx.extend([_store_ctx, _client_ctx, _garbage_collector_ctx, _reconciler_ctx])
     control.add_routes(app)
@@ -73,7 +73,7 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     await store.open()
     # Before the listener opens: whatever this instance had in flight when it last
     # stopped has an unknown fate now, and its resources must stay blocked.
-    recovered = await store.recover(store.instance_id, runtime.clock() - DEADLINE_MARGIN_S)
+    recovered = await store.recover(store.instance_id, DEADLINE_MARGIN_S)
     if recovered:
         log.warning("effects in flight at the last stop are now UNKNOWN: %s", recovered)
     yield
@@ -112,7 +112,6 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         runtime.store,
         runtime.session,
         runtime.policy,
-        runtime.clock,
         DEADLINE_MARGIN_S,
         on_probe=lambda conclusion: runtime.metrics.probes.labels(conclusion).inc(),
     )

@@ -305,7 +305,7 @@ def _default_operator() -> str:
 async def _sweep(store: Store) -> None:
     """Effects past their deadline can be in flight nowhere: mark them UNKNOWN first, so
     the commands below see them as they are, whether or not a proxy is running."""
-    await store.recover(None, time.time() - DEADLINE_MARGIN_S)
+    await store.recover(None, DEADLINE_MARGIN_S)
 
 
 def _reconcile_list(args: argparse.Namespace) -> int:
@@ -374,7 +374,7 @@ def _reconcile_probe(args: argparse.Namespace) -> int:
         if effect.state is not EffectState.UNKNOWN:
             raise CommandError(f"{effect.id} is {effect.state.value}; only UNKNOWN is probed")
         async with new_client_session() as session:
-            return await probe_effect(store, session, policy, effect, time.time)
+            return await probe_effect(store, session, policy, effect)
 
     result = _with_store(args, work)
     data = {

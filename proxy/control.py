@@ -82,10 +82,9 @@ async def renew(request: web.Request) -> web.Response:
     if isinstance(result, Refusal):
         await _record(request, result)
         return refusal_response(result)
+    lease, now = result
     return web.json_response(
-        _lease_json(
-            result.resource, result.holder, result.epoch, result.expires_at, runtime.clock()
-        )
+        _lease_json(lease.resource, lease.holder, lease.epoch, lease.expires_at, now)
     )
 
 
@@ -164,9 +163,7 @@ async def probe_effect(request: web.Request) -> web.Response:
             effect_id=effect.id,
         )
     assert runtime.session is not None
-    result = await prober.probe_effect(
-        runtime.store, runtime.session, runtime.policy, effect, runtime.clock
-    )
+    result = await prober.probe_effect(runtime.store, runtime.session, runtime.policy, effect)
     runtime.metrics.probes.labels(result.conclusion).inc()
     return web.json_response(
         {
@@ -205,7 +202,7 @@ def _text(value: Any, name: str) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
-    body = await runtime.metrics.render(runtime.store, runtime.clock())
+    body = await runtime.metrics.render(runtime.store)
     return web.Response(
         body=body,
         content_type="text/plain",

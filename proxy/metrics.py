@@ -52,10 +52,10 @@ class Metrics:
             registry=self.registry,
         )
 
-    async def render(self, store: Store, now: float) -> bytes:
-        by_state, blocked, oldest = await store.counts()
+    async def render(self, store: Store) -> bytes:
+        by_state, blocked, oldest_age = await store.counts()
         for state in ("DISPATCHING", "COMMITTED", "NOT_COMMITTED", "NOT_SENT", "UNKNOWN"):
             self.effects.labels(state).set(by_state.get(state, 0))
         self.blocked.set(blocked)
-        self.oldest_in_doubt.set(max(0.0, now - oldest) if oldest is not None else 0.0)
+        self.oldest_in_doubt.set(oldest_age)
         return generate_latest(self.registry)

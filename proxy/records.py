@@ -130,9 +130,10 @@ class EffectRecord:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A refused request. Never a body, a token or an Authorization header."""
+    """A refused request. Never a body, a token or an Authorization header.
 
-    at: float
+    `at` is set by the store's clock when the rejection is recorded."""
+
     code: str
     method: str
     path: str
@@ -141,6 +142,7 @@ class Rejection:
     holder: str | None = None
     epoch: int | None = None
     fingerprint: str | None = None
+    at: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -1,10 +1,9 @@
-"""What every handler shares: the policy, the store, the upstream client, the clock."""
+"""What every handler shares: the policy, the store, the upstream client, the metrics."""
 
 from __future__ import annotations
 
 import contextlib
 import hmac
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,6 @@ class Runtime:
     policy: Policy
     store: Store
     admin_token: str | None
-    clock: Callable[[], float]
     session: aiohttp.ClientSession | None = None
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
@@ -45,7 +43,6 @@ class Runtime:
         with contextlib.suppress(StoreUnavailable):
             await self.store.record_rejection(
                 Rejection(
-                    at=self.clock(),
                     code=code,
                     method=request.method,
                     path=request.path,

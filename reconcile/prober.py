@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,7 +78,6 @@ async def probe_effect(
     session: aiohttp.ClientSession,
     policy: Policy,
     effect: EffectRecord,
-    clock: Callable[[], float],
 ) -> ProbeResult:
     """Probe once and record what it proved."""
     route = policy.route_named(effect.route)
@@ -86,7 +86,7 @@ async def probe_effect(
         recorded = await store.record_probe(effect.id, None, "no_probe", detail, None, None)
         return ProbeResult(recorded, "no_probe", detail)
     status, error = await ask_upstream(session, route, effect)
-    now = clock()
+    now = await store.now()
     verdict = judge_probe(status, error, route.reconcile, effect.created_at, now)
     settles = _SETTLES.get(verdict.conclusion)
     retry_at = None
@@ -107,14 +107,12 @@ class Reconciler:
         store: Store,
         session: aiohttp.ClientSession,
         policy: Policy,
-        clock: Callable[[], float],
         deadline_margin_s: float,
         on_probe: Callable[[str], None] = lambda conclusion: None,
     ) -> None:
         self.store = store
         self.session = session
         self.policy = policy
-        self.clock = clock
         self.deadline_margin_s = deadline_margin_s
         self.on_probe = on_probe
         self.wake = asyncio.Event()
@@ -123,10 +121,10 @@ class Reconciler:
         last_sweep = 0.0
         while True:
             try:
-                now = self.clock()
+                now = time.monotonic()
                 if now - last_sweep >= SWEEP_INTERVAL_S:
                     last_sweep = now
-                    swept = await self.store.recover(None, now - self.deadline_margin_s)
+                    swept = await self.store.recover(None, self.deadline_margin_s)
                     if swept:
                         log.warning("effects past their deadline now UNKNOWN: %s", swept)
                 await self.probe_due()
@@ -141,7 +139,7 @@ class Reconciler:
         longest = max((u.timeout_s for u in self.policy.upstreams.values()), default=5.0)
         due = await self.store.claim_due_probes(CLAIM_BATCH, claim_s=longest + 5.0)
         results = await asyncio.gather(
-            *(probe_effect(self.store, self.session, self.policy, e, self.clock) for e in due),
+            *(probe_effect(self.store, self.session, self.policy, e) for e in due),
             return_exceptions=True,
         )
         for result in results:

@@ -104,8 +104,8 @@ class Store:
 
         return await self.connector.write(operation)
 
-    async def renew(self, token_hash: str, ttl_s: float) -> LeaseRecord | Refusal:
-        async def operation(tx: Tx) -> LeaseRecord | Refusal:
+    async def renew(self, token_hash: str, ttl_s: float) -> tuple[LeaseRecord, float] | Refusal:
+        async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             lease, state = await _lease_and_state(tx, token_hash)
             refusal = decisions.decide_renew(lease, state, tx.now)
             if refusal is not None:
@@ -115,9 +115,10 @@ class Store:
             await tx.execute(
                 "extend_lease", resource=lease.resource, epoch=lease.epoch, expires_at=expires_at
             )
-            return LeaseRecord(
+            renewed = LeaseRecord(
                 lease.resource, lease.epoch, lease.holder, lease.granted_at, expires_at, None, None
             )
+            return renewed, tx.now
 
         return await self.connector.write(operation)
 
@@ -205,7 +206,6 @@ class Store:
                 await _insert_rejection(
                     tx,
                     Rejection(
-                        at=tx.now,
                         code=decision.code,
                         method=new.method,
                         path=new.path,
@@ -331,17 +331,18 @@ class Store:
 
     # -- effects in doubt -----------------------------------------------------
 
-    async def recover(self, instance_id: str | None, overdue_before: float) -> list[str]:
+    async def recover(self, instance_id: str | None, margin_s: float) -> list[str]:
         """Turn DISPATCHING effects that can no longer be in flight into UNKNOWN.
 
-        Any instance's whose deadline is before `overdue_before`, and, at start, all of
+        Any instance's more than `margin_s` past its deadline, and, at start, all of
         `instance_id`'s (a restart means its requests' fates were lost with the old
         process). Another live replica's in-flight requests are left alone.
         """
 
         async def operation(tx: Tx) -> list[str]:
             reasons: dict[str, str] = {}
-            for row in await tx.all("overdue_dispatching_effects", cutoff=overdue_before):
+            cutoff = tx.now - margin_s
+            for row in await tx.all("overdue_dispatching_effects", cutoff=cutoff):
                 reasons[row["id"]] = "past its deadline with no receipt"
             if instance_id is not None:
                 own = await tx.all("dispatching_effects_of_instance", instance_id=instance_id)
@@ -446,17 +447,18 @@ class Store:
 
         return await self.connector.write(operation)
 
-    async def counts(self) -> tuple[dict[str, int], int, float | None]:
-        """Effects by state, blocked resources, and when the oldest in-doubt effect began."""
+    async def counts(self) -> tuple[dict[str, int], int, float]:
+        """Effects by state, blocked resources, and the age of the oldest in-doubt effect."""
 
-        async def operation(tx: Tx) -> tuple[dict[str, int], int, float | None]:
+        async def operation(tx: Tx) -> tuple[dict[str, int], int, float]:
             by_state = {r["state"]: int(r["n"]) for r in await tx.all("count_effects_by_state")}
             blocked = await tx.one("blocked_resources")
             oldest = await tx.one("oldest_in_doubt")
+            started = oldest["oldest"] if oldest else None
             return (
                 by_state,
                 int(blocked["n"]) if blocked else 0,
-                oldest["oldest"] if oldest else None,
+                max(0.0, tx.now - started) if started is not None else 0.0,
             )
 
         return await self.connector.read(operation)
@@ -483,6 +485,14 @@ class Store:
             return await tx.execute("expired_idempotency_records", now=tx.now)
 
         return await self.connector.write(operation)
+
+    async def now(self) -> float:
+        """The authority's clock: lease expiry and settle windows are judged by it."""
+
+        async def operation(tx: Tx) -> float:
+            return tx.now
+
+        return await self.connector.read(operation)
 
     async def ping(self) -> None:
         async def operation(tx: Tx) -> None:
@@ -575,7 +585,7 @@ async def _insert_event(
 async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
     await tx.execute(
         "insert_rejection",
-        at=rejection.at,
+        at=tx.now,
         code=rejection.code,
         method=rejection.method,
         path=rejection.path,
