@@ -13,6 +13,7 @@ from policies.model import (
     Route,
     RouteMatch,
     StatusRules,
+    StorePool,
     Upstream,
 )
 from policies.nodes import ConfigError, Problem
@@ -32,5 +33,6 @@ __all__ = [
     "Route",
     "RouteMatch",
     "StatusRules",
+    "StorePool",
     "Upstream",
 ]

@@ -35,6 +35,14 @@ class Listen:
 
 
 @dataclass(frozen=True)
+class StorePool:
+    """PostgreSQL connection pool size per proxy process."""
+
+    min_size: int
+    max_size: int
+
+
+@dataclass(frozen=True)
 class LeaseBounds:
     min_ttl_s: float
     max_ttl_s: float
@@ -121,6 +129,7 @@ class Policy:
     leases: LeaseBounds
     upstreams: dict[str, Upstream]
     routes: tuple[Route, ...]
+    store_pool: StorePool = StorePool(1, 10)
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
@@ -136,7 +145,16 @@ class Policy:
         root = Mapping(
             compose(text, filename),
             problems,
-            {"version", "listen", "store", "admin_token_env", "leases", "upstreams", "routes"},
+            {
+                "version",
+                "listen",
+                "store",
+                "store_pool",
+                "admin_token_env",
+                "leases",
+                "upstreams",
+                "routes",
+            },
         )
         if not root.valid:
             raise ConfigError(filename, problems.items)
@@ -146,13 +164,14 @@ class Policy:
             problems.add(version_node, f"only version 1 is known, got {version_node.describe()}")
         listen = _parse_listen(root, problems)
         store = _parse_store(root, problems)
+        pool = _parse_store_pool(root, problems)
         admin_env = root.text("admin_token_env", default=None)
         leases = _parse_leases(root, problems)
         upstreams = _parse_upstreams(root, problems)
         routes = _parse_routes(root, problems, upstreams)
         if problems:
             raise ConfigError(filename, problems.items)
-        return cls(1, listen, store, admin_env, leases, upstreams, routes)
+        return cls(1, listen, store, admin_env, leases, upstreams, routes, pool)
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         for route in self.routes:
@@ -193,6 +212,20 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
     ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
     return str(store)
+
+
+def _parse_store_pool(root: Mapping, problems: Problems) -> StorePool:
+    node = root.child("store_pool")
+    if node is None:
+        return StorePool(1, 10)
+    pool = Mapping(node, problems, {"min_size", "max_size"})
+    low = pool.number("min_size", default=1, minimum=0, integer=True)
+    high = pool.number("max_size", default=10, minimum=1, integer=True)
+    if low is None or high is None:
+        return StorePool(1, 10)
+    if low > high:
+        problems.add(node, f"min_size ({low}) is above max_size ({high})")
+    return StorePool(low, high)
 
 
 def _parse_leases(root: Mapping, problems: Problems) -> LeaseBounds:

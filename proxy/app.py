@@ -57,7 +57,8 @@ def build_app(
     clock: Callable[[], float] = time.time,
 ) -> web.Application:
     if store is None:
-        store = open_store(policy.store, clock, default_instance_id(policy))
+        pool = (policy.store_pool.min_size, policy.store_pool.max_size)
+        store = open_store(policy.store, clock, default_instance_id(policy), pool)
     app = web.Application(middlewares=[problem_middleware])
     runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime

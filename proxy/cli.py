@@ -129,6 +129,26 @@ def _parser() -> argparse.ArgumentParser:
         _store_options(sub)
         sub.set_defaults(run=run)
 
+    store = commands.add_parser("store", help="the store's schema and backups")
+    store_commands = store.add_subparsers(metavar="ACTION", required=True)
+    migrate = store_commands.add_parser("migrate", help="apply missing schema migrations")
+    restore = store_commands.add_parser(
+        "fence-restore",
+        help="after restoring the store from a backup: advance every epoch past anything "
+        "issued since the backup and end every lease",
+    )
+    restore.add_argument(
+        "--advance",
+        type=int,
+        default=1_000_000,
+        help="how far past the highest epoch in the backup (default 1000000); must exceed "
+        "the acquisitions and revocations any one resource saw since the backup",
+    )
+    restore.add_argument("--yes", action="store_true", help="do it (every token dies)")
+    for sub, run in ((migrate, _store_migrate), (restore, _store_fence_restore)):
+        _store_options(sub)
+        sub.set_defaults(run=run)
+
     advice = command("lease-advice", _lease_advice, "lease TTLs that fit each fenced route")
     advice.add_argument("--json", action="store_true")
     return parser
@@ -151,7 +171,7 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]])
     policy = _policy(args)
 
     async def run() -> T:
-        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}")
+        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}", (1, 2))
         await store.open()
         try:
             return await work(store)
@@ -428,6 +448,26 @@ def _rejections(args: argparse.Namespace) -> int:
     ]
     header = ["at", "code", "request", "route", "resource", "holder", "epoch"]
     _print(args, [r.as_json() for r in found], rows, header)
+    return 0
+
+
+def _store_migrate(args: argparse.Namespace) -> int:
+    # Opening the store applies what is missing (under a lock on PostgreSQL).
+    _with_store(args, lambda store: store.ping())
+    policy = _policy(args)
+    data = {"store": policy.store, "migrated": True}
+    _print(args, data, [[policy.store, "up to date"]], ["store", "schema"])
+    return 0
+
+
+def _store_fence_restore(args: argparse.Namespace) -> int:
+    if args.advance < 1:
+        raise CommandError("--advance must be at least 1")
+    if not args.yes:
+        raise CommandError("fence-restore ends every lease; run it again with --yes")
+    floor = _with_store(args, lambda store: store.fence_restore(args.advance))
+    data = {"epoch_floor": floor, "leases_ended": True}
+    _print(args, data, [[str(floor), "all ended"]], ["epoch_floor", "leases"])
     return 0
 
 

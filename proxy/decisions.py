@@ -67,7 +67,7 @@ def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Re
         # A write may still land (or may have landed) under the old epoch: a successor
         # must not start from a state nobody knows yet.
         return _blocked(state)
-    return Grant(state.epoch + 1, now + ttl_s)
+    return Grant(state.next_epoch(), now + ttl_s)
 
 
 def check_lease(

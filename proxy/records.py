@@ -52,9 +52,14 @@ class ResourceState:
     dispatching_effects: tuple[str, ...]
     # (idempotency key, fingerprint) of each UNKNOWN effect, in the same order.
     unknown_operations: tuple[tuple[str | None, str], ...] = ()
+    # No epoch at or below this is ever issued (raised by fence-restore).
+    epoch_floor: int = 0
 
     def current_lease(self) -> LeaseRecord | None:
         return self.lease if self.lease and self.lease.ended_at is None else None
+
+    def next_epoch(self) -> int:
+        return max(self.epoch, self.epoch_floor) + 1
 
     @property
     def in_doubt(self) -> tuple[str, ...]:

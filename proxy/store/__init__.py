@@ -6,14 +6,23 @@ from collections.abc import Callable
 
 from proxy.store.base import StoreError, StoreUnavailable
 from proxy.store.manager import Admitted, LeaseView, NewEffect, Store
+from proxy.store.postgres import PostgresConnector
 from proxy.store.sqlite import SQLiteConnector
 
 
-def open_store(url: str, clock: Callable[[], float], instance_id: str) -> Store:
-    """A Store for `url`; call `await store.open()` before use."""
+def open_store(
+    url: str, clock: Callable[[], float], instance_id: str, pool: tuple[int, int] = (1, 10)
+) -> Store:
+    """A Store for `url`; call `await store.open()` before use.
+
+    `clock` is SQLite's notion of time; PostgreSQL uses the database's clock.
+    `pool` is the (min, max) size of PostgreSQL's connection pool.
+    """
     if url.startswith("sqlite:"):
         return Store(SQLiteConnector(url, clock), instance_id)
-    raise StoreError(f"no store backend for {url.partition(':')[0]!r} yet")
+    if url.startswith(("postgresql:", "postgres:")):
+        return Store(PostgresConnector(url, *pool), instance_id)
+    raise StoreError(f"no store backend for {url.partition(':')[0]!r}")
 
 
 __all__ = [

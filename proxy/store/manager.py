@@ -92,7 +92,7 @@ class Store:
         """Grant a new lease at a higher epoch; returns it with the transaction's clock."""
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
-            state = await _resource_state(tx, resource)
+            state = await _resource_state(tx, resource, lock=True)
             decision = decisions.decide_acquire(state, ttl_s, tx.now)
             if isinstance(decision, Refusal):
                 return decision
@@ -144,7 +144,7 @@ class Store:
         """Advance the epoch now; returns (old epoch, new epoch)."""
 
         async def operation(tx: Tx) -> tuple[int, int]:
-            state = await _resource_state(tx, resource)
+            state = await _resource_state(tx, resource, lock=True)
             if state.current_lease() is not None:
                 await tx.execute(
                     "end_lease",
@@ -153,14 +153,15 @@ class Store:
                     ended_at=tx.now,
                     end_reason=f"revoked: {reason}",
                 )
-            await tx.execute("set_resource_epoch", resource=resource, epoch=state.epoch + 1)
-            return state.epoch, state.epoch + 1
+            advanced = state.next_epoch()
+            await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
+            return state.epoch, advanced
 
         return await self.connector.write(operation)
 
     async def lease_view(self, resource: str) -> LeaseView:
         async def operation(tx: Tx) -> LeaseView:
-            state = await _resource_state(tx, resource)
+            state = await _resource_state(tx, resource, lock=False)
             current = state.current_lease()
             return LeaseView(
                 resource=resource,
@@ -180,10 +181,9 @@ class Store:
         """Check the token and record the effect as DISPATCHING, in one transaction."""
 
         async def operation(tx: Tx) -> Admitted | Replay | Refusal:
-            lease = _lease(await tx.one("lease_by_token", token_hash=token_hash))
-            state = None
-            if lease is not None and lease.resource == new.resource:
-                state = await _resource_state(tx, new.resource)
+            lease, state = await _lease_and_state(tx, token_hash)
+            if lease is not None and lease.resource != new.resource:
+                state = None
             existing = None
             if new.idempotency_key is not None and state is not None:
                 existing = _idempotency(
@@ -401,7 +401,7 @@ class Store:
         """Record one probe attempt; settle the effect if the answer was conclusive."""
 
         async def operation(tx: Tx) -> EffectRecord | None:
-            row = await tx.one("effect", id=effect_id)
+            row = await tx.one("effect_for_update", id=effect_id)
             if row is None or row["state"] != EffectState.UNKNOWN:
                 return _effect(row) if row else None
             await tx.execute("record_probe_attempt", id=effect_id, next_probe_at=next_probe_at)
@@ -430,7 +430,7 @@ class Store:
         """An operator's decision on an effect in doubt, recorded with who and why."""
 
         async def operation(tx: Tx) -> EffectRecord | Refusal:
-            row = await tx.one("effect", id=effect_id)
+            row = await tx.one("effect_for_update", id=effect_id)
             if row is None:
                 return Refusal("not_found", f"no effect {effect_id}", {"effect_id": effect_id})
             refusal = check_resolvable(_effect(row), tx.now)
@@ -482,7 +482,26 @@ class Store:
         """Delete idempotency records past their retention whose effect is settled."""
 
         async def operation(tx: Tx) -> int:
+            lock = await tx.one("gc_lock")
+            if not (lock and lock["acquired"]):
+                return 0  # another replica is collecting right now
             return await tx.execute("expired_idempotency_records", now=tx.now)
+
+        return await self.connector.write(operation)
+
+    async def fence_restore(self, advance: int) -> int:
+        """After a restore from backup: raise every epoch (and the floor under new
+        resources) by `advance` past the highest the backup knows, and end every lease,
+        so nothing issued since the backup is ever issued again. Returns the new floor."""
+
+        async def operation(tx: Tx) -> int:
+            row = await tx.one("epoch_floor_and_max")
+            assert row is not None
+            floor = max(int(row["epoch_floor"]), int(row["max_epoch"])) + advance
+            await tx.execute("set_epoch_floor", floor=floor)
+            await tx.execute("advance_all_epochs", floor=floor)
+            await tx.execute("end_all_leases", now=tx.now, reason="fence-restore")
+            return floor
 
         return await self.connector.write(operation)
 
@@ -505,10 +524,15 @@ def _new_effect_id() -> str:
     return "eff_" + uuid.uuid4().hex
 
 
-async def _resource_state(tx: Tx, resource: str) -> ResourceState:
+async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
+    """The resource's records; `lock` first takes the resource's lock where the backend
+    needs one, so the decision made on them holds until the transaction ends."""
+    if lock:
+        await tx.execute("lock_resource", resource=resource)
     row = await tx.one("resource_state", resource=resource)
-    epoch = int(row["epoch"]) if row else 0
-    lease = _lease(row) if row and row["holder"] is not None else None
+    assert row is not None  # the query always answers one row
+    epoch = int(row["epoch"] or 0)
+    lease = _lease(row) if row["holder"] is not None else None
     in_doubt = await tx.all("effects_in_doubt", resource=resource)
     unknown = [r for r in in_doubt if r["state"] == EffectState.UNKNOWN]
     return ResourceState(
@@ -520,6 +544,7 @@ async def _resource_state(tx: Tx, resource: str) -> ResourceState:
             r["id"] for r in in_doubt if r["state"] == EffectState.DISPATCHING
         ),
         unknown_operations=tuple((r["idempotency_key"], r["fingerprint"]) for r in unknown),
+        epoch_floor=int(row["epoch_floor"] or 0),
     )
 
 
@@ -527,7 +552,11 @@ async def _lease_and_state(
     tx: Tx, token_hash: str
 ) -> tuple[LeaseRecord | None, ResourceState | None]:
     lease = _lease(await tx.one("lease_by_token", token_hash=token_hash))
-    state = await _resource_state(tx, lease.resource) if lease else None
+    if lease is None:
+        return None, None
+    state = await _resource_state(tx, lease.resource, lock=True)
+    if state.lease is not None and state.lease.epoch == lease.epoch:
+        lease = state.lease  # read under the lock: a concurrent release or renew shows
     return lease, state
 
 

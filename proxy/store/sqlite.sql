@@ -2,12 +2,18 @@
 -- Writes run inside BEGIN IMMEDIATE, which serialises writers on the file; the
 -- PostgreSQL file takes row locks instead.
 
+-- lock_resource --
+-- Nothing to lock: BEGIN IMMEDIATE already serialises every writer on the file.
+SELECT 1
+
 -- resource_state --
--- The highest epoch issued, with the lease granted at that epoch if it was a grant
--- (a revocation advances the epoch without one).
-SELECT r.resource, r.epoch, l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
-FROM resources r LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
-WHERE r.resource = :resource
+-- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
+-- was a grant (a revocation advances the epoch without one), and the epoch floor.
+SELECT :resource AS resource, r.epoch, m.epoch_floor,
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
+FROM store_meta m
+LEFT JOIN resources r ON r.resource = :resource
+LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
 
 -- lease_by_token --
 SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
@@ -73,6 +79,9 @@ WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN') AND settled_by IS NULL
 -- effect --
 SELECT * FROM effects WHERE id = :id
 
+-- effect_for_update --
+SELECT * FROM effects WHERE id = :id
+
 -- effects --
 SELECT * FROM effects
 WHERE (:resource IS NULL OR resource = :resource) AND (:state IS NULL OR state = :state)
@@ -86,6 +95,9 @@ VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerp
 SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
 WHERE (:resource IS NULL OR resource = :resource)
 ORDER BY id DESC LIMIT :limit
+
+-- gc_lock --
+SELECT 1 AS acquired
 
 -- expired_idempotency_records --
 DELETE FROM idempotency
@@ -149,3 +161,16 @@ SELECT count(DISTINCT resource) AS n FROM effects WHERE state = 'UNKNOWN'
 
 -- oldest_in_doubt --
 SELECT min(created_at) AS oldest FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN')
+
+-- epoch_floor_and_max --
+SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
+FROM store_meta m
+
+-- set_epoch_floor --
+UPDATE store_meta SET epoch_floor = :floor
+
+-- advance_all_epochs --
+UPDATE resources SET epoch = :floor
+
+-- end_all_leases --
+UPDATE leases SET ended_at = :now, end_reason = :reason WHERE ended_at IS NULL

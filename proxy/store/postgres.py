@@ -1,0 +1,150 @@
+"""PostgreSQL backend through asyncpg, for several proxy replicas sharing one authority.
+
+Each operation is one transaction on a pooled connection. Decisions about a
+resource take its row lock first (the `lock_resource` query), so two replicas
+never both grant a live lease or admit writes under different epochs. Time is
+the database's (`now()` at the start of the transaction), so replicas with
+skewed clocks still agree on when a lease expires.
+
+Driver errors are translated here: nothing above the store sees asyncpg.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import asyncpg
+
+from proxy.store.base import Operation, Row, StoreError, StoreUnavailable, T
+from proxy.store.queries import load_migrations, load_queries
+
+# Serialization failures and deadlocks mean "nothing happened, try again".
+RETRIES = 3
+MIGRATION_LOCK = 7431000
+# The authority's clock: the database's, shared by every replica (see store_meta).
+_NOW = "SELECT extract(epoch FROM now())::float8 + clock_offset_s FROM store_meta"
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def to_positional(sql: str) -> tuple[str, list[str]]:
+    """`:name` parameters to asyncpg's `$n`, and the names in their positions."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _PARAM.sub(number, sql), names
+
+
+class PostgresTx:
+    def __init__(
+        self,
+        conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
+        queries: dict[str, tuple[str, list[str]]],
+        now: float,
+    ) -> None:
+        self._conn = conn
+        self._queries = queries
+        self.now = now
+
+    def _args(self, query: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+        sql, names = self._queries[query]
+        return sql, [params[name] for name in names]
+
+    async def one(self, query: str, **params: Any) -> Row | None:
+        sql, args = self._args(query, params)
+        row = await self._conn.fetchrow(sql, *args)
+        return dict(row) if row is not None else None
+
+    async def all(self, query: str, **params: Any) -> list[Row]:
+        sql, args = self._args(query, params)
+        return [dict(row) for row in await self._conn.fetch(sql, *args)]
+
+    async def execute(self, query: str, **params: Any) -> int:
+        sql, args = self._args(query, params)
+        status: str = await self._conn.execute(sql, *args)
+        # "UPDATE 3", "INSERT 0 1", "DELETE 2", "SELECT 1": the count is the last word.
+        last = status.rsplit(" ", 1)[-1]
+        return int(last) if last.isdigit() else 0
+
+
+class PostgresConnector:
+    def __init__(self, url: str, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self._queries = {
+            name: to_positional(sql) for name, sql in load_queries("postgres.sql").items()
+        }
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.url, min_size=self.min_size, max_size=self.max_size
+            )
+            await self.migrate()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.close()
+            raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def migrate(self) -> list[int]:
+        """Apply missing migrations, one replica at a time; returns the versions applied."""
+        assert self._pool is not None
+        applied_now = []
+        async with self._pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+            try:
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+                    " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                )
+                done = {
+                    r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")
+                }
+                for version, name, sql in load_migrations("postgresql"):
+                    if version in done:
+                        continue
+                    async with conn.transaction():
+                        await conn.execute(sql)
+                        await conn.execute(
+                            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                            version,
+                            name,
+                        )
+                    applied_now.append(version)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+        return applied_now
+
+    async def write(self, operation: Operation[T]) -> T:
+        return await self._run(operation, readonly=False)
+
+    async def read(self, operation: Operation[T]) -> T:
+        return await self._run(operation, readonly=True)
+
+    async def _run(self, operation: Operation[T], readonly: bool) -> T:
+        if self._pool is None:
+            raise StoreUnavailable("the store is not open")
+        for attempt in range(RETRIES):
+            try:
+                async with self._pool.acquire() as conn, conn.transaction(readonly=readonly):
+                    now = await conn.fetchval(_NOW)
+                    return await operation(PostgresTx(conn, self._queries, float(now)))
+            except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
+                if attempt == RETRIES - 1:
+                    raise StoreUnavailable("the transaction kept conflicting; try again") from None
+            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+                raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
+            except asyncpg.PostgresError as exc:
+                raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
+        raise AssertionError("unreachable")

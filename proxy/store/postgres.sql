@@ -1,0 +1,183 @@
+-- All SQL of the PostgreSQL backend, as named blocks loaded by proxy/store/queries.py.
+-- Every decision about a resource first takes its row lock (lock_resource), so
+-- replicas sharing the database decide one at a time per resource; the query
+-- names and results are the SQLite file's.
+
+-- lock_resource --
+-- Upserting takes the resource row's lock (a row with epoch 0 for a resource never
+-- leased), so every decision about one resource runs one replica at a time.
+INSERT INTO resources (resource, epoch) VALUES (:resource, 0)
+ON CONFLICT (resource) DO UPDATE SET epoch = resources.epoch
+
+-- resource_state --
+-- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch
+-- if it was a grant, and the epoch floor.
+SELECT :resource::text AS resource, r.epoch, m.epoch_floor,
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
+FROM store_meta m
+LEFT JOIN resources r ON r.resource = :resource::text
+LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+
+-- lease_by_token --
+SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
+FROM leases WHERE token_hash = :token_hash
+
+-- effects_in_doubt --
+SELECT id, state, idempotency_key, fingerprint FROM effects
+WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN')
+ORDER BY created_at
+
+-- set_resource_epoch --
+INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
+ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch
+
+-- insert_lease --
+INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at)
+VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at)
+
+-- extend_lease --
+UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch = :epoch
+
+-- end_lease --
+UPDATE leases SET ended_at = :ended_at, end_reason = :end_reason
+WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
+
+-- idempotency_record --
+SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,
+       i.expires_at, i.response_status, i.response_headers, i.response_body, i.settled_by
+FROM idempotency i JOIN effects e ON e.id = i.effect_id
+WHERE i.resource = :resource AND i.key = :key
+
+-- claim_idempotency_key --
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at)
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = excluded.expires_at,
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
+
+-- store_response --
+UPDATE idempotency
+SET response_status = :status, response_headers = :headers, response_body = :body
+WHERE effect_id = :effect_id
+
+-- free_idempotency_key --
+DELETE FROM idempotency WHERE effect_id = :effect_id
+
+-- insert_effect --
+INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                     method, path, state, instance_id, created_at, deadline)
+VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
+        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline)
+
+-- finish_effect --
+-- An UNKNOWN effect is due for its first probe at once. A receipt that arrives
+-- after a sweep marked its effect UNKNOWN (a stalled proxy) still counts: it is
+-- better evidence than none, unless the effect was settled meanwhile.
+UPDATE effects SET state = :state::text, finished_at = :finished_at,
+                   upstream_status = :upstream_status, reason = :reason,
+                   next_probe_at = CASE WHEN :state::text = 'UNKNOWN' THEN :finished_at::float8 END
+WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN') AND settled_by IS NULL
+
+-- effect --
+SELECT * FROM effects WHERE id = :id
+
+-- effect_for_update --
+SELECT * FROM effects WHERE id = :id FOR UPDATE
+
+-- effects --
+SELECT * FROM effects
+WHERE (:resource::text IS NULL OR resource = :resource::text)
+  AND (:state::text IS NULL OR state = :state::text)
+ORDER BY created_at DESC LIMIT :limit
+
+-- insert_rejection --
+INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, fingerprint)
+VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
+
+-- rejections --
+SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
+WHERE (:resource::text IS NULL OR resource = :resource::text)
+ORDER BY id DESC LIMIT :limit
+
+-- gc_lock --
+-- One replica at a time collects garbage; the others skip this round.
+SELECT pg_try_advisory_xact_lock(7431001) AS acquired
+
+-- expired_idempotency_records --
+DELETE FROM idempotency
+WHERE expires_at <= :now
+  AND effect_id IN (SELECT id FROM effects WHERE state NOT IN ('DISPATCHING', 'UNKNOWN'))
+
+-- ping --
+SELECT 1 AS ok
+
+-- dispatching_effects_of_instance --
+SELECT id FROM effects WHERE state = 'DISPATCHING' AND instance_id = :instance_id
+
+-- overdue_dispatching_effects --
+SELECT id FROM effects WHERE state = 'DISPATCHING' AND deadline < :cutoff
+
+-- mark_unknown --
+UPDATE effects SET state = 'UNKNOWN', reason = :reason, next_probe_at = :now
+WHERE id = :id AND state = 'DISPATCHING'
+
+-- insert_event --
+INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion, detail)
+VALUES (:effect_id, :at, :kind, :actor, :upstream_status, :conclusion, :detail)
+
+-- effect_events --
+SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events
+WHERE effect_id = :effect_id ORDER BY id
+
+-- in_doubt_effects --
+SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN') ORDER BY created_at LIMIT :limit
+
+-- due_probes --
+-- SKIP LOCKED: replicas claiming at the same moment take different effects.
+SELECT * FROM effects
+WHERE state = 'UNKNOWN' AND next_probe_at IS NOT NULL AND next_probe_at <= :now
+  AND (probe_claimed_until IS NULL OR probe_claimed_until < :now)
+ORDER BY next_probe_at LIMIT :limit
+FOR UPDATE SKIP LOCKED
+
+-- claim_probe --
+UPDATE effects SET probe_claimed_by = :instance_id, probe_claimed_until = :until
+WHERE id = :id AND state = 'UNKNOWN'
+  AND (probe_claimed_until IS NULL OR probe_claimed_until < :now)
+
+-- record_probe_attempt --
+UPDATE effects SET probe_attempts = probe_attempts + 1, next_probe_at = :next_probe_at,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id
+
+-- settle_effect --
+UPDATE effects SET state = :state, settled_by = :settled_by, reason = :reason,
+                   finished_at = COALESCE(finished_at, :now), next_probe_at = NULL,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN')
+
+-- mark_key_settled --
+UPDATE idempotency SET settled_by = :settled_by WHERE effect_id = :effect_id
+
+-- count_effects_by_state --
+SELECT state, count(*) AS n FROM effects GROUP BY state
+
+-- blocked_resources --
+SELECT count(DISTINCT resource) AS n FROM effects WHERE state = 'UNKNOWN'
+
+-- oldest_in_doubt --
+SELECT min(created_at) AS oldest FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN')
+
+-- epoch_floor_and_max --
+SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
+FROM store_meta m
+
+-- set_epoch_floor --
+UPDATE store_meta SET epoch_floor = :floor
+
+-- advance_all_epochs --
+UPDATE resources SET epoch = :floor
+
+-- end_all_leases --
+UPDATE leases SET ended_at = :now, end_reason = :reason WHERE ended_at IS NULL
