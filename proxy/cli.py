@@ -22,7 +22,7 @@ from aiohttp import web
 from policies import RESOURCE_RE, ConfigError, Policy
 from proxy.app import build_app, new_instance_id
 from proxy.forwarding import new_client_session
-from proxy.records import EffectEvent, EffectRecord, EffectState, Refusal
+from proxy.records import IN_DOUBT, EffectEvent, EffectRecord, EffectState, Refusal
 from proxy.store import Store, StoreError, open_store
 from reconcile.decisions import DEADLINE_MARGIN_S
 from reconcile.prober import ProbeResult, probe_effect
@@ -293,10 +293,7 @@ def _effects_list(args: argparse.Namespace) -> int:
 
 
 def _effects_show(args: argparse.Namespace) -> int:
-    async def work(store: Store) -> tuple[EffectRecord | None, list[EffectEvent]]:
-        return await store.effect(args.effect_id), await store.events(args.effect_id)
-
-    effect, events = _with_store(args, work)
+    effect, events = _with_store(args, lambda store: store.effect_with_events(args.effect_id))
     if effect is None:
         raise CommandError(f"no effect {args.effect_id}")
     data = {**effect.as_json(), "events": [event.as_json() for event in events]}
@@ -333,8 +330,9 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         await _sweep(store)
         found = []
         for effect in await store.in_doubt():
-            events = await store.events(effect.id)
-            found.append((effect, events[-1] if events else None))
+            current, events = await store.effect_with_events(effect.id)
+            if current is not None and current.state in IN_DOUBT:
+                found.append((current, events[-1] if events else None))
         return found
 
     found = _with_store(args, work)

@@ -146,8 +146,10 @@ async def _effect(request: web.Request) -> EffectRecord:
 
 async def show_effect(request: web.Request) -> web.Response:
     require_admin(request)
-    effect = await _effect(request)
-    events = await runtime_of(request).store.events(effect.id)
+    effect_id = request.match_info["effect_id"]
+    effect, events = await runtime_of(request).store.effect_with_events(effect_id)
+    if effect is None:
+        raise ProblemError("not_found", "no such effect")
     return web.json_response({**effect.as_json(), "events": [e.as_json() for e in events]})
 
 

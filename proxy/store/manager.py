@@ -363,10 +363,17 @@ class Store:
 
         return await self.connector.read(operation)
 
-    async def events(self, effect_id: str) -> list[EffectEvent]:
-        async def operation(tx: Tx) -> list[EffectEvent]:
-            rows = await tx.all("effect_events", effect_id=effect_id)
-            return [EffectEvent(**row) for row in rows]
+    async def effect_with_events(
+        self, effect_id: str
+    ) -> tuple[EffectRecord | None, list[EffectEvent]]:
+        """An effect and every decision about it, as of one moment."""
+
+        async def operation(tx: Tx) -> tuple[EffectRecord | None, list[EffectEvent]]:
+            row = await tx.one("effect", id=effect_id)
+            if row is None:
+                return None, []
+            events = await tx.all("effect_events", effect_id=effect_id)
+            return _effect(row), [EffectEvent(**event) for event in events]
 
         return await self.connector.read(operation)
 
