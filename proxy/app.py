@@ -30,7 +30,7 @@ from proxy.runtime import RUNTIME, Runtime, runtime_of
 from proxy.store import Admitted, NewEffect, Store, StoreUnavailable, open_store
 from proxy.tokens import token_hash, well_formed
 from reconcile.decisions import DEADLINE_MARGIN_S
-from reconcile.outcomes import Answered, NotSent, settle_dispatch
+from reconcile.outcomes import Answered, Lost, NotSent, settle_dispatch
 from reconcile.prober import Reconciler
 
 log = logging.getLogger("fenceproxy")
@@ -85,6 +85,9 @@ async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     session = forwarding.new_client_session()
     app[RUNTIME].session = session
     yield
+    # The grace period is over: requests still upstream are cut off here, and their
+    # receipts must say so rather than blame the upstream.
+    app[RUNTIME].shutting_down = True
     await session.close()
 
 
@@ -269,6 +272,8 @@ async def _dispatch_admitted(
         body,
     )
     runtime.metrics.upstream_latency.labels(route.name).observe(time.monotonic() - started)
+    if isinstance(result, Lost) and runtime.shutting_down:
+        result = Lost("the proxy shut down (grace period over) before the answer arrived")
     state, reason = settle_dispatch(result, route.outcomes)
     runtime.metrics.requests.labels(route.name, state.value.lower()).inc()
     stored = None

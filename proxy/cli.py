@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = command("serve", _serve, "run the proxy")
     serve.add_argument(
         "--grace",
-        type=float,
+        type=_positive_seconds,
         default=10.0,
         help="seconds SIGTERM waits for in-flight requests before exiting (default 10)",
     )
@@ -152,6 +152,17 @@ def _parser() -> argparse.ArgumentParser:
     advice = command("lease-advice", _lease_advice, "lease TTLs that fit each fenced route")
     advice.add_argument("--json", action="store_true")
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    # aiohttp reads a shutdown timeout of 0 as "wait forever"; a grace must be positive.
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
 
 
 def _store_options(sub: argparse.ArgumentParser) -> None:

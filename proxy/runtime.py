@@ -28,6 +28,7 @@ class Runtime:
     session: aiohttp.ClientSession | None = None
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
+    shutting_down: bool = False
 
     async def record_rejection(
         self,

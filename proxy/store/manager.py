@@ -279,6 +279,16 @@ class Store:
         A definite answer to a resend settles the effects in doubt it resent."""
 
         async def operation(tx: Tx) -> None:
+            if state is EffectState.UNKNOWN:
+                await _insert_event(
+                    tx,
+                    effect_id,
+                    "dispatch",
+                    self.instance_id,
+                    upstream_status,
+                    "unknown",
+                    reason or "outcome unknown",
+                )
             if state in (EffectState.COMMITTED, EffectState.NOT_COMMITTED):
                 why = f"resent as {effect_id}, which the upstream answered {upstream_status}"
                 for earlier in resends:

@@ -4,6 +4,11 @@ Every test gets its own upstream and proxy process on free ports of 127.0.0.1,
 each with its own SQLite files under the test's tmp_path, so the upstream's own
 counts (GET /_demo/effects) start from zero. Processes are always stopped; when
 a test fails, the last lines of every process's log are added to its report.
+
+A test can shape its stack with ``@pytest.mark.fence_stack(...)`` (see
+`StackOptions`): the upstream timeout, a reconcile block on place-order, the
+proxy's SIGTERM grace. The proxy runs with a fixed FENCEPROXY_INSTANCE_ID, so
+`Stack.restart_proxy` starts "the same" proxy again on the same port and store.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import os
 import queue
 import secrets
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -54,7 +61,7 @@ routes:
     forward_fence_headers: true
     max_in_flight: 1
     idempotency: {{required: true, retain_s: 3600}}
-  - name: put-rule
+{place_order_reconcile}  - name: put-rule
     upstream: supplier
     match: {{methods: [PUT], path: "/rules/{{rule_id}}"}}
     resource: "rule:{{rule_id}}"
@@ -70,6 +77,41 @@ routes:
     match: {{methods: [GET], path: "/rules/{{rest:.*}}"}}
     fence: none
 """
+
+
+INSTANCE_ID_ENV = "FENCEPROXY_INSTANCE_ID"
+FENCEPROXY_CLI = Path(sys.executable).with_name("fenceproxy")
+CLI_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ReconcileBlock:
+    """place-order's reconcile block: probe GET /orders/by-key/{idempotency_key}."""
+
+    settle_s: float = 2.0
+    attempts: int = 5
+    committed: tuple[str, ...] = ("200",)
+    not_committed: tuple[str, ...] = ("404",)
+
+    def yaml(self) -> str:
+        return (
+            "    reconcile:\n"
+            '      probe: {method: GET, path: "/orders/by-key/{idempotency_key}"}\n'
+            f"      committed: {json.dumps(list(self.committed))}\n"
+            f"      not_committed: {json.dumps(list(self.not_committed))}\n"
+            f"      settle_s: {self.settle_s}\n"
+            f"      attempts: {self.attempts}\n"
+        )
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What ``@pytest.mark.fence_stack(**fields)`` may change; the defaults are the
+    stack every test had before the marker existed."""
+
+    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
+    reconcile: ReconcileBlock | None = None
+    grace_s: float | None = None  # `fenceproxy serve --grace`; None: the CLI's default
 
 
 # -- a small synchronous HTTP client ---------------------------------------------------
@@ -127,6 +169,39 @@ def wait_until(
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(interval_s)
+
+
+class BackgroundCall:
+    """One HTTP call on its own thread, so the test can act (kill, SIGTERM) while the call
+    is in flight. The outcome is the HttpResult or the exception the call raised."""
+
+    def __init__(self, name: str, call: Callable[[], HttpResult]) -> None:
+        self.name = name
+        self._outcome: HttpResult | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], HttpResult]) -> None:
+        try:
+            self._outcome = call()
+        except BaseException as exc:  # reported through outcome(), never lost on the thread
+            self._outcome = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def outcome(self, timeout_s: float) -> HttpResult | BaseException:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            pytest.fail(f"{self.name}: no outcome within {timeout_s:g} s")
+        assert self._outcome is not None
+        return self._outcome
+
+
+def _proc_state(pid: int) -> str:
+    """The scheduler state letter of a process from /proc (T: stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0]
 
 
 # -- worker programs as real OS processes ---------------------------------------------------
@@ -222,10 +297,18 @@ class WorkerProcess:
         os.kill(self.pid, signal.SIGCONT)
         wait_until(f"{self.name} to run again", lambda: self.state() != "T", 5.0)
 
+    def kill(self) -> None:
+        """A real SIGKILL; returns once the process is reaped (it prints nothing more)."""
+        os.kill(self.pid, signal.SIGKILL)
+        self._popen.wait(timeout=5)
+        self._reader.join(timeout=5)
+
+    def exited(self) -> bool:
+        return self._popen.poll() is not None
+
     def state(self) -> str:
         """The scheduler state letter from /proc (T: stopped by a signal)."""
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0]
+        return _proc_state(self.pid)
 
     def stop(self) -> None:
         if self._popen.poll() is None:
@@ -265,6 +348,74 @@ class Stack:
     upstream: ManagedProcess
     tmp_path: Path
     workers: list[WorkerProcess] = field(default_factory=list)
+    # What restart_proxy needs to start "the same" proxy again (same argv, port, store,
+    # FENCEPROXY_INSTANCE_ID); set by the fixture.
+    config_path: Path | None = None
+    proxy_argv: list[str] = field(default_factory=list)
+    proxy_env: dict[str, str] = field(default_factory=dict)
+    processes: contextlib.ExitStack | None = None
+    earlier_proxies: list[ManagedProcess] = field(default_factory=list)
+
+    # proxy: the process itself
+
+    @property
+    def proxy_port(self) -> int:
+        return int(self.proxy_url.rpartition(":")[2])
+
+    @property
+    def instance_id(self) -> str:
+        return self.proxy_env[INSTANCE_ID_ENV]
+
+    def kill_proxy(self) -> None:
+        """A real SIGKILL of the proxy: no shutdown code runs. Returns once it is reaped."""
+        assert self.proxy.is_running(), "the proxy is not running"
+        os.kill(self.proxy.pid, signal.SIGKILL)
+        self.wait_proxy_exit(5.0)
+
+    def sigterm_proxy(self) -> float:
+        """Send the proxy a real SIGTERM without waiting; returns time.monotonic() at sending."""
+        assert self.proxy.is_running(), "the proxy is not running"
+        os.kill(self.proxy.pid, signal.SIGTERM)
+        return time.monotonic()
+
+    def wait_proxy_exit(self, timeout_s: float) -> int:
+        """Poll until the proxy process has exited; its exit status (negative: signal)."""
+        wait_until("the proxy process to exit", lambda: not self.proxy.is_running(), timeout_s)
+        status = self.proxy.returncode
+        assert status is not None
+        return status
+
+    def proxy_accepts_connections(self) -> bool:
+        """Does a TCP connect to the proxy's port succeed right now?"""
+        try:
+            with socket.create_connection(("127.0.0.1", self.proxy_port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    def restart_proxy(self) -> float:
+        """Start the proxy again after it exited: same port, store, config and instance id.
+
+        Returns time.monotonic() taken just before the new process was started; returns
+        once it answers /_fence/healthz (its startup recovery ran before the listener).
+        """
+        assert not self.proxy.is_running(), "stop the proxy before restarting it"
+        assert self.processes is not None, "this stack cannot restart its proxy"
+        self.earlier_proxies.append(self.proxy)
+        number = len(self.earlier_proxies) + 1
+        started = time.monotonic()
+        self.proxy = self.processes.enter_context(
+            ManagedProcess(
+                f"fenceproxy#{number}",
+                self.proxy_argv,
+                log_path=self.tmp_path / f"proxy-{number}.log",
+                env=self.proxy_env,
+                cwd=PROJECT_ROOT,
+                start_new_session=True,
+            )
+        )
+        self.proxy.wait_http_ok(f"{self.proxy_url}/_fence/healthz", STARTUP_TIMEOUT_S)
+        return started
 
     # proxy: leases
 
@@ -334,6 +485,15 @@ class Stack:
         found: list[dict[str, Any]] = self.rejections_raw(resource).body["rejections"]
         return found
 
+    def effect(self, effect_id: str) -> dict[str, Any]:
+        """GET /_fence/v1/effects/{id} (admin): the receipt with its "events"."""
+        result = http_call(
+            self.proxy_url, "GET", f"/_fence/v1/effects/{effect_id}", headers=self.admin_headers()
+        )
+        assert result.status == 200, result
+        receipt: dict[str, Any] = result.body
+        return receipt
+
     def proxy_effects(self, resource: str) -> list[dict[str, Any]]:
         result = http_call(
             self.proxy_url,
@@ -385,6 +545,37 @@ class Stack:
         seen: int = result.body["fence_token_seen"]
         return seen
 
+    def upstream_orders(self) -> int:
+        """How many orders the upstream has committed, by its own count."""
+        orders: int = self.upstream_effects()["orders"]
+        return orders
+
+    def upstream_mutations_received(self) -> int:
+        """How many POST/PUT/PATCH/DELETE requests reached the upstream at all, committed or
+        not, read from the upstream's own SQLite file (it records each one on arrival)."""
+        return self._upstream_rows("mutation_headers")
+
+    def upstream_orders_on_disk(self) -> int:
+        """The upstream's committed orders read from its SQLite file: works while the
+        upstream process is stopped (SIGSTOP), when it answers no HTTP."""
+        return self._upstream_rows("orders")
+
+    def _upstream_rows(self, table: str) -> int:
+        with contextlib.closing(sqlite3.connect(self.tmp_path / "upstream.db")) as db:
+            (count,) = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+        rows: int = count
+        return rows
+
+    def pause_upstream(self) -> None:
+        """A real SIGSTOP of the upstream: it holds its requests and answers nothing, until
+        resume_upstream. Returns once the kernel reports it stopped."""
+        os.kill(self.upstream.pid, signal.SIGSTOP)
+        wait_until("the upstream to be stopped", lambda: _proc_state(self.upstream.pid) == "T", 5)
+
+    def resume_upstream(self) -> None:
+        os.kill(self.upstream.pid, signal.SIGCONT)
+        wait_until("the upstream to run again", lambda: _proc_state(self.upstream.pid) != "T", 5)
+
     def upstream_rule(self, rule_id: str) -> HttpResult:
         return http_call(self.upstream_url, "GET", f"/rules/{rule_id}")
 
@@ -393,6 +584,26 @@ class Stack:
         assert result.status == 200, result
         history: list[dict[str, Any]] = result.body["history"]
         return history
+
+    # the installed `fenceproxy` command, on the store directly
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run the installed `fenceproxy` CLI with --config appended; never raises on exit."""
+        assert self.config_path is not None
+        return subprocess.run(
+            [str(FENCEPROXY_CLI), *args, "--config", str(self.config_path)],
+            cwd=self.tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
+
+    def cli_json(self, *args: str) -> Any:
+        """`fenceproxy ARGS --json --config CFG`, which must succeed; its parsed output."""
+        done = self.cli(*args, "--json")
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        return json.loads(done.stdout)
 
     # workers
 
@@ -406,6 +617,7 @@ class Stack:
         method: str,
         path: str,
         acquire_timeout_s: float = 0.0,
+        headers: Mapping[str, str] | None = None,
     ) -> WorkerProcess:
         argv = [
             sys.executable,
@@ -425,12 +637,15 @@ class Stack:
             "--acquire-timeout",
             str(acquire_timeout_s),
         ]
+        for name, value in (headers or {}).items():
+            argv += ["--header", f"{name}:{value}"]
         worker = WorkerProcess(name, argv, self.tmp_path / f"worker-{name}.log")
         self.workers.append(worker)
         return worker
 
     def log_tails(self) -> list[tuple[str, str]]:
-        sections = [
+        sections = [(f"{p.name} log", p.log_tail(80)) for p in self.earlier_proxies]
+        sections += [
             (f"{self.proxy.name} log", self.proxy.log_tail(80)),
             (f"{self.upstream.name} log", self.upstream.log_tail(40)),
         ]
@@ -475,7 +690,8 @@ def assert_rejection_recorded(
     return records
 
 
-def _start_stack(tmp_path: Path) -> Iterator[Stack]:
+def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterator[Stack]:
+    options = options or StackOptions()
     upstream_port = free_port()
     proxy_port = free_port()
     admin_token = secrets.token_urlsafe(24)
@@ -486,9 +702,18 @@ def _start_stack(tmp_path: Path) -> Iterator[Stack]:
             upstream_port=upstream_port,
             store_path=tmp_path / "fence.db",
             admin_token_env=ADMIN_TOKEN_ENV,
-            timeout_s=UPSTREAM_TIMEOUT_S,
+            timeout_s=options.upstream_timeout_s,
+            place_order_reconcile=options.reconcile.yaml() if options.reconcile else "",
         )
     )
+    proxy_argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
+    if options.grace_s is not None:
+        proxy_argv += ["--grace", str(options.grace_s)]
+    proxy_env = {
+        **os.environ,
+        ADMIN_TOKEN_ENV: admin_token,
+        INSTANCE_ID_ENV: f"process-test-proxy:{proxy_port}",
+    }
     with contextlib.ExitStack() as processes:
         upstream = processes.enter_context(
             ManagedProcess(
@@ -513,9 +738,9 @@ def _start_stack(tmp_path: Path) -> Iterator[Stack]:
         proxy = processes.enter_context(
             ManagedProcess(
                 "fenceproxy",
-                [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)],
+                proxy_argv,
                 log_path=tmp_path / "proxy.log",
-                env={**os.environ, ADMIN_TOKEN_ENV: admin_token},
+                env=proxy_env,
                 cwd=PROJECT_ROOT,
                 start_new_session=True,
             )
@@ -524,7 +749,18 @@ def _start_stack(tmp_path: Path) -> Iterator[Stack]:
         proxy_url = f"http://127.0.0.1:{proxy_port}"
         upstream.wait_http_ok(f"{upstream_url}/_demo/healthz", STARTUP_TIMEOUT_S)
         proxy.wait_http_ok(f"{proxy_url}/_fence/healthz", STARTUP_TIMEOUT_S)
-        stack = Stack(proxy_url, upstream_url, admin_token, proxy, upstream, tmp_path)
+        stack = Stack(
+            proxy_url,
+            upstream_url,
+            admin_token,
+            proxy,
+            upstream,
+            tmp_path,
+            config_path=config_path,
+            proxy_argv=proxy_argv,
+            proxy_env=proxy_env,
+            processes=processes,
+        )
         try:
             yield stack
         finally:
@@ -532,9 +768,17 @@ def _start_stack(tmp_path: Path) -> Iterator[Stack]:
                 worker.stop()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fence_stack(**options): StackOptions for the test's `stack` fixture"
+    )
+
+
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    yield from _start_stack(tmp_path)
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    marker = request.node.get_closest_marker("fence_stack")
+    options = StackOptions(**marker.kwargs) if marker is not None else StackOptions()
+    yield from _start_stack(tmp_path, options)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,8 @@
 """A fenced worker, run as its own OS process by the process tests.
 
     python tests/integration/processes/worker.py --proxy URL --resource R --holder H \
-        --ttl S --method PUT --path /rules/r1 [--acquire-timeout S]
+        --ttl S --method PUT --path /rules/r1 [--acquire-timeout S] \
+        [--header NAME:VALUE ...]
 
 It acquires a lease on R (retrying `lease_held` refusals for up to
 --acquire-timeout seconds), reads the proxy's lease view for R right after the
@@ -16,7 +17,14 @@ Then it reads commands from stdin, one per line, until EOF:
 
     write <json-body> <idempotency-key>   the fenced mutation (METHOD PATH with
                                            Fence-Token and Idempotency-Key)
-    -> {"event": "wrote", "status", "code", "fence_epoch", "body", "at"}
+    -> {"event": "wrote", "status", "code", "fence_epoch", "replayed", "body", "at"}
+       (replayed: the Idempotent-Replayed header, or null)
+    decide <json-body> <idempotency-key>  approve an operation and keep it, unsent
+    -> {"event": "decided", "epoch", "body", "idempotency_key", "at"}
+    send                                   send the decided operation as `write` does
+    -> {"event": "wrote", ...}
+
+Every --header is added to each write (the demo upstream's fault knobs).
 
 Only the standard library, so it starts fast.
 """
@@ -109,7 +117,9 @@ def main() -> int:
     parser.add_argument("--method", required=True)
     parser.add_argument("--path", required=True)
     parser.add_argument("--acquire-timeout", type=float, default=0.0)
+    parser.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     args = parser.parse_args()
+    extra_headers = {name: value for name, _, value in (h.partition(":") for h in args.header)}
     proxy = Proxy(args.proxy)
 
     lease = acquire(proxy, args)
@@ -130,17 +140,27 @@ def main() -> int:
         at=time.time(),
     )
 
+    decided: tuple[str, str] | None = None
     for line in sys.stdin:
         command, _, rest = line.strip().partition(" ")
-        if command != "write":
+        if command == "decide":
+            body, _, key = rest.rpartition(" ")
+            decided = (body, key)
+            emit("decided", epoch=lease["epoch"], body=body, idempotency_key=key, at=time.time())
+            continue
+        if command == "send" and decided is not None:
+            body, key = decided
+        elif command == "write":
+            body, _, key = rest.rpartition(" ")
+        else:
             emit("error", detail=f"unknown command {command!r}")
             continue
-        body, _, key = rest.rpartition(" ")
         status, answer, headers = proxy.call(
             args.method,
             args.path,
             body.encode(),
             {
+                **extra_headers,
                 "Content-Type": "application/json",
                 "Fence-Token": lease["token"],
                 "Idempotency-Key": key,
@@ -151,6 +171,7 @@ def main() -> int:
             status=status,
             code=code_of(answer),
             fence_epoch=headers.get("fence-epoch"),
+            replayed=headers.get("idempotent-replayed"),
             body=answer,
             at=time.time(),
         )
