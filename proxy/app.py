@@ -117,7 +117,7 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         runtime.session,
         runtime.policy,
         DEADLINE_MARGIN_S,
-        on_probe=lambda conclusion: runtime.metrics.probes.labels(conclusion).inc(),
+        on_probe=runtime.metrics.count_probe,
     )
     runtime.reconciler = reconciler
     task = asyncio.create_task(reconciler.run(), name="reconciler")
@@ -196,10 +196,10 @@ async def _pass_through(
             async for chunk in upstream.content.iter_chunked(65536):
                 await response.write(chunk)
             await response.write_eof()
-            runtime.metrics.requests.labels(route.name, "passed_through").inc()
+            runtime.metrics.count_request(route.name, "passed_through")
             return response
     except (aiohttp.ClientError, TimeoutError) as exc:
-        runtime.metrics.requests.labels(route.name, "upstream_unreachable").inc()
+        runtime.metrics.count_request(route.name, "upstream_unreachable")
         return problem(
             "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
         )
@@ -244,10 +244,10 @@ async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> 
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
         return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
     if isinstance(decision, Replay):
-        runtime.metrics.requests.labels(route.name, "replayed").inc()
+        runtime.metrics.count_request(route.name, "replayed")
         return _replay(decision.record)
-    runtime.metrics.requests.labels(route.name, "refused").inc()
-    runtime.metrics.refusals.labels(decision.code).inc()  # recorded by the admission itself
+    runtime.metrics.count_request(route.name, "refused")
+    runtime.metrics.count_refusal(decision.code)  # recorded by the admission itself
     return refusal_response(decision)
 
 
@@ -271,11 +271,11 @@ async def _dispatch_admitted(
         forwarding.upstream_headers(request, fence if route.forward_fence_headers else None),
         body,
     )
-    runtime.metrics.upstream_latency.labels(route.name).observe(time.monotonic() - started)
+    runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
     if isinstance(result, Lost) and runtime.shutting_down:
         result = Lost("the proxy shut down (grace period over) before the answer arrived")
     state, reason = settle_dispatch(result, route.outcomes)
-    runtime.metrics.requests.labels(route.name, state.value.lower()).inc()
+    runtime.metrics.count_request(route.name, state.value.lower())
     stored = None
     if state is EffectState.COMMITTED and answer is not None:
         kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""

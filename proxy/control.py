@@ -166,7 +166,7 @@ async def probe_effect(request: web.Request) -> web.Response:
         )
     assert runtime.session is not None
     result = await prober.probe_effect(runtime.store, runtime.session, runtime.policy, effect)
-    runtime.metrics.probes.labels(result.conclusion).inc()
+    runtime.metrics.count_probe(result.conclusion)
     return web.json_response(
         {
             "effect_id": effect.id,

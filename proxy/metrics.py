@@ -6,6 +6,8 @@ memory: the store is the authority, and a replica or a restart must not skew the
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from proxy.store import Store
@@ -51,6 +53,29 @@ class Metrics:
             "Age of the oldest DISPATCHING or UNKNOWN effect (0 when none)",
             registry=self.registry,
         )
+
+        # prometheus-client's labels() takes a lock and builds a key on every call;
+        # the label sets are few (routes x outcomes, codes), so keep the children.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def count_request(self, route: str, outcome: str) -> None:
+        self._child(self.requests, route, outcome).inc()
+
+    def count_refusal(self, code: str) -> None:
+        self._child(self.refusals, code).inc()
+
+    def count_probe(self, conclusion: str) -> None:
+        self._child(self.probes, conclusion).inc()
+
+    def observe_upstream(self, route: str, seconds: float) -> None:
+        self._child(self.upstream_latency, route).observe(seconds)
 
     async def render(self, store: Store) -> bytes:
         by_state, blocked, oldest_age = await store.counts()

@@ -39,7 +39,7 @@ class Runtime:
         holder: str | None = None,
         epoch: int | None = None,
     ) -> None:
-        self.metrics.refusals.labels(code).inc()
+        self.metrics.count_refusal(code)
         # A refusal that cannot be recorded is still a refusal: nothing was forwarded.
         with contextlib.suppress(StoreUnavailable):
             await self.store.record_rejection(

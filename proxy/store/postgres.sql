@@ -107,7 +107,8 @@ SELECT pg_try_advisory_xact_lock(7431001) AS acquired
 -- expired_idempotency_records --
 DELETE FROM idempotency
 WHERE expires_at <= :now
-  AND effect_id IN (SELECT id FROM effects WHERE state NOT IN ('DISPATCHING', 'UNKNOWN'))
+  AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
+                  AND e.state IN ('DISPATCHING', 'UNKNOWN'))
 
 -- ping --
 SELECT 1 AS ok

@@ -51,7 +51,10 @@ class SQLiteTx:
         return [dict(row) for row in self._conn.execute(self._queries[query], params)]
 
     async def execute(self, query: str, **params: Any) -> int:
-        return self._conn.execute(self._queries[query], params).rowcount
+        sql = self._queries[query]
+        if not sql:  # a block this backend does not need (see lock_resource)
+            return 0
+        return self._conn.execute(sql, params).rowcount
 
 
 async def _on_thread(
@@ -100,6 +103,8 @@ class SQLiteConnector:
         conn.row_factory = sqlite3.Row
         await conn.execute("PRAGMA busy_timeout = 10000")
         await conn.execute("PRAGMA foreign_keys = ON")
+        # The working set (leases, recent effects, keys) stays in memory: 64 MiB.
+        await conn.execute("PRAGMA cache_size = -65536")
         return conn
 
     async def open(self) -> None:

@@ -3,8 +3,8 @@
 -- PostgreSQL file takes row locks instead.
 
 -- lock_resource --
--- Nothing to lock: BEGIN IMMEDIATE already serialises every writer on the file.
-SELECT 1
+-- Nothing to lock: BEGIN IMMEDIATE already serialises every writer on the file,
+-- so this block is empty and costs nothing.
 
 -- resource_state --
 -- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
@@ -102,7 +102,8 @@ SELECT 1 AS acquired
 -- expired_idempotency_records --
 DELETE FROM idempotency
 WHERE expires_at <= :now
-  AND effect_id IN (SELECT id FROM effects WHERE state NOT IN ('DISPATCHING', 'UNKNOWN'))
+  AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
+                  AND e.state IN ('DISPATCHING', 'UNKNOWN'))
 
 -- ping --
 SELECT 1 AS ok
