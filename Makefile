@@ -18,6 +18,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The PostgreSQL tests' server (an admin URL: the tests create and drop their own
+# databases there). On by default; `make test FENCEPROXY_TEST_POSTGRES_URL=` skips
+# them, and any other URL (command line or environment) points them elsewhere.
+test: export FENCEPROXY_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 test: lint
 	$(VENV)/bin/pytest
 

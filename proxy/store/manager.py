@@ -359,12 +359,16 @@ class Store:
                 own = await tx.all("dispatching_effects_of_instance", instance_id=instance_id)
                 for row in own:
                     reasons[row["id"]] = "the proxy restarted while it was in flight"
+            marked = []
             for effect_id, why in reasons.items():
-                await tx.execute("mark_unknown", id=effect_id, reason=why, now=tx.now)
-                await _insert_event(
-                    tx, effect_id, "recover", self.instance_id, None, "unknown", why
-                )
-            return list(reasons)
+                # Another replica's sweep or the effect's own receipt may have got there
+                # first; only the transaction that changed the row records the change.
+                if await tx.execute("mark_unknown", id=effect_id, reason=why, now=tx.now):
+                    await _insert_event(
+                        tx, effect_id, "recover", self.instance_id, None, "unknown", why
+                    )
+                    marked.append(effect_id)
+            return marked
 
         return await self.connector.write(operation)
 

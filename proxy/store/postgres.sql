@@ -115,9 +115,12 @@ SELECT 1 AS ok
 
 -- dispatching_effects_of_instance --
 SELECT id FROM effects WHERE state = 'DISPATCHING' AND instance_id = :instance_id
+FOR UPDATE SKIP LOCKED
 
 -- overdue_dispatching_effects --
+-- SKIP LOCKED: two replicas sweeping at once split the work instead of queueing.
 SELECT id FROM effects WHERE state = 'DISPATCHING' AND deadline < :cutoff
+FOR UPDATE SKIP LOCKED
 
 -- mark_unknown --
 UPDATE effects SET state = 'UNKNOWN', reason = :reason, next_probe_at = :now

@@ -1,10 +1,21 @@
-"""In-process harness: the proxy app on a real SQLite store in front of a real demo upstream.
+"""In-process harness: the proxy app on a real store in front of a real demo upstream.
 
 Both servers run inside the test's event loop (aiohttp_server / aiohttp_client,
-bound to 127.0.0.1). Nothing is mocked: the proxy's records are in a SQLite file
-under tmp_path and the upstream counts its own effects in another one. Time, as
-the proxy sees it, is a `FakeClock` the test advances, so leases expire without
-sleeping.
+bound to 127.0.0.1). Nothing is mocked: the upstream counts its own effects in a
+SQLite file under tmp_path, and the proxy's records are in the store under test.
+
+Every test that uses the store (`make_fence`, `fence`, `store_url`, `clock`) runs
+once per backend (the `backend` fixture): SQLite, a file under tmp_path, and
+PostgreSQL, a schema of its own in one database per test run (see backends.py).
+PostgreSQL runs need FENCEPROXY_TEST_POSTGRES_URL: unset, they are skipped with a
+reason (`pytest -ra` lists it); set, they run, and a server that cannot be reached
+fails them. A module that is about one backend only overrides `backend`.
+
+Time, as the store sees it, is a `FakeClock` the test advances, so leases expire
+without sleeping: on SQLite it is the clock the store reads; on PostgreSQL the
+store reads the database's clock, and `advance` moves that (store_meta's
+clock_offset_s) by the same amount. PostgreSQL's time also flows on its own, so
+tests compare absolute times with `clock.approx`.
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ import json
 import socket
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -33,11 +44,20 @@ from proxy.app import build_app
 from proxy.cli import PARSER_LIMITS
 from proxy.runtime import RUNTIME
 from proxy.store import Store
+from tests import pg
+from tests.integration.app import backends
+from tests.integration.app.backends import BACKENDS, Backend
 
 ADMIN_TOKEN = "admin-secret-for-integration-tests-0123456789"
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
 POLL_INTERVAL_S = 0.01
 POLL_ATTEMPTS = 500
+# How far apart two readings of PostgreSQL's clock taken "at the same moment" of a
+# test may be (the database's time keeps flowing while the test runs).
+PG_TIME_TOLERANCE_S = 0.5
+# SQLite's clock only moves when the test moves it: times compare exactly (up to
+# float rounding of sums of ~1.8e9-sized numbers).
+SQLITE_TIME_TOLERANCE_S = 1e-6
 
 Json = dict[str, Any]
 ProxyClient = TestClient[Any, Any]
@@ -45,16 +65,43 @@ Headers = Mapping[str, str] | CIMultiDict[str]
 
 
 class FakeClock:
-    """The proxy's and the store's notion of now; only a test moves it."""
+    """The store's notion of now; only a test moves it.
 
-    def __init__(self, start: float | None = None) -> None:
-        self.now = time.time() if start is None else start
+    Without `authority_url` (SQLite) it is the clock the store reads, frozen
+    between `advance` calls. With `authority_url` (a PostgreSQL store's URL) the
+    store reads the database's clock instead: `advance` moves that too, and `now`
+    is this process's estimate of it (real time plus the offset added so far).
+    """
+
+    def __init__(self, start: float | None = None, *, authority_url: str | None = None) -> None:
+        self._now = time.time() if start is None else start
+        self.authority_url = authority_url
+        self.offset = 0.0
+
+    @property
+    def now(self) -> float:
+        if self.authority_url is None:
+            return self._now
+        return time.time() + self.offset
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        if self.authority_url is not None:
+            backends.advance_authority(self.authority_url, seconds)
+            self.offset += seconds
+        else:
+            self._now += seconds
+
+    @property
+    def tolerance(self) -> float:
+        return SQLITE_TIME_TOLERANCE_S if self.authority_url is None else PG_TIME_TOLERANCE_S
+
+    def approx(self, expected: float) -> Any:
+        """`expected` as a time this store may have recorded: exact on SQLite, within
+        PG_TIME_TOLERANCE_S on PostgreSQL."""
+        return pytest.approx(expected, rel=0, abs=self.tolerance)
 
 
 POLICY = Template(
@@ -164,7 +211,7 @@ async def poll_until(
 
 
 def sqlite_rows(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Read the proxy's SQLite file directly (a separate connection, closed at once)."""
+    """Read a SQLite file directly (a separate connection, closed at once)."""
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
         return [tuple(row) for row in conn.execute(sql, params).fetchall()]
 
@@ -177,6 +224,9 @@ class Fence:
     app: web.Application
     upstream: TestClient[Any, Any]
     clock: FakeClock
+    # The store's URL: a SQLite file, or a PostgreSQL database and schema.
+    store_url: str
+    # The SQLite file (SQLite backend only; nothing is there on PostgreSQL).
     db_path: Path
     policy: Policy
     restart_app: Callable[[], Awaitable[Fence]] = field(repr=False)
@@ -186,6 +236,15 @@ class Fence:
     @property
     def store(self) -> Store:
         return self.app[RUNTIME].store
+
+    @property
+    def backend(self) -> Backend:
+        return backends.backend_of(self.store_url)
+
+    async def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Read the proxy's records directly, as another process would (`?` placeholders;
+        SQL valid on both backends)."""
+        return await backends.rows(self.store_url, sql, params)
 
     @property
     def admin(self) -> dict[str, str]:
@@ -304,9 +363,48 @@ class FenceFactory(Protocol):
     ) -> Awaitable[Fence]: ...
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The store backend under test; a module about one backend overrides this."""
+    param: Backend = request.param
+    return param
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """One PostgreSQL database for the whole run (each test gets a schema in it).
+
+    Skipped (with the reason) when FENCEPROXY_TEST_POSTGRES_URL is unset; when it is
+    set, an unreachable server raises `pg.PostgresUnavailable`: every PostgreSQL test
+    errors, loudly, never skips.
+    """
+    admin = pg.require_admin_url()
+    url = pg.create_database(admin)
+    try:
+        yield url
+    finally:
+        pg.drop_database(url, admin)
+
+
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def store_url(backend: Backend, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty store for this test: a SQLite file or a PostgreSQL schema.
+
+    The schema is left in place at the end of the test (an app of the test may still
+    hold connections to it); the run's database, with every schema, is dropped when
+    the run ends.
+    """
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'fence.db'}"
+    database: str = request.getfixturevalue("pg_database")
+    return backends.create_schema(database)
+
+
+@pytest.fixture
+def clock(store_url: str) -> FakeClock:
+    if backends.backend_of(store_url) == "sqlite":
+        return FakeClock()
+    return FakeClock(authority_url=store_url)
 
 
 @pytest.fixture
@@ -314,9 +412,11 @@ async def make_fence(
     aiohttp_server: AiohttpServer,
     aiohttp_client: AiohttpClient,
     tmp_path: Path,
+    store_url: str,
     clock: FakeClock,
 ) -> FenceFactory:
-    """Start the demo upstream (once per test) and a proxy app in front of it."""
+    """Start the demo upstream (once per test) and a proxy app in front of it, on the
+    test's store (every app the factory starts shares it)."""
     upstream_server: TestServer | None = None
     upstream_client: TestClient[Any, Any] | None = None
 
@@ -340,10 +440,10 @@ async def make_fence(
         upstream_idempotent: bool = False,
     ) -> Fence:
         demo_server, upstream = await start_upstream()
-        db_path = tmp_path / "fence.db"
+        db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
         url = upstream_url or f"http://127.0.0.1:{demo_server.port}"
         text = policy_yaml(
-            f"sqlite:///{db_path}",
+            store_url,
             url,
             timeout_s=timeout_s,
             forward_fence_headers=forward_fence_headers,
@@ -362,7 +462,15 @@ async def make_fence(
             server = await aiohttp_server(app, host="127.0.0.1", **PARSER_LIMITS)
             client: ProxyClient = await aiohttp_client(server)
             return Fence(
-                client, app, upstream, clock, db_path, policy, start, config_path=config_path
+                client,
+                app,
+                upstream,
+                clock,
+                store_url,
+                db_path,
+                policy,
+                start,
+                config_path=config_path,
             )
 
         return await start()

@@ -15,15 +15,14 @@ from tests.integration.app.conftest import (
     closed_port,
     json_body,
     poll_until,
-    sqlite_rows,
 )
 
 RESOURCE = "supplier:widget"
 
 
-def idempotency_rows(fence: Fence) -> list[tuple[object, ...]]:
-    return sqlite_rows(
-        fence.db_path, "SELECT resource, key, effect_id FROM idempotency ORDER BY resource, key"
+async def idempotency_rows(fence: Fence) -> list[tuple[object, ...]]:
+    return await fence.rows(
+        "SELECT resource, key, effect_id FROM idempotency ORDER BY resource, key"
     )
 
 
@@ -107,7 +106,7 @@ async def test_key_is_scoped_per_resource(fence: Fence) -> None:
     upstream = await fence.demo_effects()
     assert upstream["orders"] == 2
     assert sorted(e["target"] for e in upstream["effects"]) == ["gadget", "widget"]
-    assert idempotency_rows(fence) == [
+    assert await idempotency_rows(fence) == [
         ("supplier:gadget", "shared-key", second.headers["Fence-Effect-Id"]),
         ("supplier:widget", "shared-key", first.headers["Fence-Effect-Id"]),
     ]
@@ -123,7 +122,7 @@ async def test_upstream_4xx_is_not_committed_and_frees_the_key(fence: Fence) -> 
     assert refused.headers["Fence-Effect-Id"].startswith("eff_")
     effect = await fence.effect(refused.headers["Fence-Effect-Id"])
     assert (effect["state"], effect["upstream_status"]) == ("NOT_COMMITTED", 400)
-    assert idempotency_rows(fence) == []
+    assert await idempotency_rows(fence) == []
     assert await fence.upstream_orders() == 0
 
     retry = await fence.order("widget", lease["token"], "k-1")
@@ -148,7 +147,7 @@ async def test_unreachable_upstream_is_not_sent_and_frees_the_key(
     effect = await fence.effect(problem["effect_id"])
     assert effect["state"] == "NOT_SENT"
     assert effect["upstream_status"] is None
-    assert idempotency_rows(fence) == []
+    assert await idempotency_rows(fence) == []
     view = await fence.lease(RESOURCE)
     assert (view["blocked"], view["in_doubt"]) == (False, [])
 
@@ -243,7 +242,7 @@ async def test_other_key_while_dispatching_is_effect_in_flight(make_fence: Fence
 
         problem = await assert_problem(second, 409, "effect_in_flight")
         assert problem["in_flight"] == [dispatching["id"]]
-        assert idempotency_rows(fence) == [(RESOURCE, "k-1", dispatching["id"])]
+        assert await idempotency_rows(fence) == [(RESOURCE, "k-1", dispatching["id"])]
     finally:
         first = await held
     assert first.status == 201
@@ -276,11 +275,11 @@ async def test_garbage_collection_frees_expired_keys(fence: Fence) -> None:
     assert (await fence.order("widget", lease["token"], "k-1", {"qty": 1})).status == 201
 
     assert await store.collect_garbage() == 0  # still within retain_s (60)
-    assert len(idempotency_rows(fence)) == 1
+    assert len(await idempotency_rows(fence)) == 1
 
     fence.clock.advance(61)
     assert await store.collect_garbage() == 1
-    assert idempotency_rows(fence) == []
+    assert await idempotency_rows(fence) == []
 
     # The key now names a new operation: a different body is not "reused".
     renewed = await fence.acquire(RESOURCE, ttl_s=30)
@@ -290,7 +289,7 @@ async def test_garbage_collection_frees_expired_keys(fence: Fence) -> None:
     assert "Idempotent-Replayed" not in response.headers
     upstream = await fence.demo_effects()
     assert upstream["orders"] == 2
-    assert len(idempotency_rows(fence)) == 1
+    assert len(await idempotency_rows(fence)) == 1
 
 
 async def test_garbage_collection_keeps_keys_of_unknown_effects(fence: Fence) -> None:
@@ -301,7 +300,7 @@ async def test_garbage_collection_keeps_keys_of_unknown_effects(fence: Fence) ->
     fence.clock.advance(61)
 
     assert await fence.store.collect_garbage() == 0
-    assert len(idempotency_rows(fence)) == 1
+    assert len(await idempotency_rows(fence)) == 1
 
 
 async def test_lease_shorter_than_upstream_timeout_is_refused(fence: Fence) -> None:
@@ -313,15 +312,17 @@ async def test_lease_shorter_than_upstream_timeout_is_refused(fence: Fence) -> N
     assert problem["epoch"] == 1
     assert await fence.upstream_orders() == 0
     assert await fence.effects() == []
-    assert idempotency_rows(fence) == []
+    assert await idempotency_rows(fence) == []
 
 
 async def test_lease_running_out_before_upstream_timeout_is_refused(fence: Fence) -> None:
     lease = await fence.acquire(RESOURCE, ttl_s=5)
-    fence.clock.advance(3.9)
+    # 1.5 s left (less whatever PostgreSQL's own clock runs on meanwhile): enough for
+    # the upstream timeout of 1 s.
+    fence.clock.advance(3.5)
     assert (await fence.order("widget", lease["token"], "k-1")).status == 201
 
-    fence.clock.advance(0.5)  # 0.6 s left, the upstream timeout is 1 s
+    fence.clock.advance(0.9)  # 0.6 s left, the upstream timeout is 1 s
     response = await fence.order("widget", lease["token"], "k-2")
 
     await assert_problem(response, 409, "lease_too_short")

@@ -6,7 +6,6 @@ one the test's traffic implies (a commit, refusals, two UNKNOWNs, probes).
 
 from __future__ import annotations
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.app.conftest import (
@@ -82,7 +81,11 @@ async def test_metrics_report_the_traffic(make_fence: FenceFactory) -> None:
     admin_probe = await fence.client.post(f"/_fence/v1/effects/{stuck}/probe", headers=fence.admin)
     assert (await json_body(admin_probe))["conclusion"] == "inconclusive"
 
-    fence.clock.advance(1.5)  # still inside the settle window: no further probe
+    # 1.5 s after the stuck effect's dispatch, by the store's clock: still inside the
+    # settle window, so no further probe. (On SQLite the clock has not moved since the
+    # dispatch; PostgreSQL's has flowed on meanwhile.)
+    dispatched_at = (await fence.effect(stuck))["created_at"]
+    fence.clock.advance(1.5 - (await fence.store.now() - dispatched_at))
     metrics = await scrape(fence)
 
     assert metrics["fenceproxy_requests_total"] == {
@@ -103,7 +106,7 @@ async def test_metrics_report_the_traffic(make_fence: FenceFactory) -> None:
         labels(state="UNKNOWN"): 1,
     }
     assert metrics["fenceproxy_blocked_resources"] == {labels(): 1}
-    assert metrics["fenceproxy_oldest_in_doubt_age_seconds"][labels()] == pytest.approx(1.5)
+    assert metrics["fenceproxy_oldest_in_doubt_age_seconds"][labels()] == fence.clock.approx(1.5)
     assert metrics["fenceproxy_probe_attempts_total"] == {
         labels(conclusion="committed"): 1,
         labels(conclusion="inconclusive"): 2,

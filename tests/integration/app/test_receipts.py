@@ -60,11 +60,12 @@ async def test_effect_receipt_records_the_whole_story(fence: Fence) -> None:
         "method": "POST",
         "path": "/orders/widget",
         "state": "COMMITTED",
-        "created_at": dispatched_at,
-        "deadline": dispatched_at + 1,
-        "finished_at": dispatched_at,
+        "created_at": fence.clock.approx(dispatched_at),
+        "deadline": effect["created_at"] + 1,
+        "finished_at": fence.clock.approx(dispatched_at),
         "upstream_status": 201,
     }
+    assert effect["finished_at"] >= effect["created_at"]
     assert effect["instance_id"]
     assert "201" in effect["reason"]
     listed = await fence.effects()
@@ -232,7 +233,7 @@ async def test_renew_extends_the_lease(fence: Fence) -> None:
     body = await json_body(renewed)
     assert renewed.status == 200, body
     assert body["epoch"] == lease["epoch"]
-    assert body["expires_at"] == fence.clock.now + 10
+    assert body["expires_at"] == fence.clock.approx(fence.clock.now + 10)
     assert "token" not in body
     fence.clock.advance(8)  # 11 s after the grant: the original lease would be over
     view = await fence.lease(RESOURCE)

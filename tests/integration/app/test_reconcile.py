@@ -1,9 +1,11 @@
 """Effects whose outcome is unknown: blocked, probed, resolved, recovered.
 
-The proxy app runs on a real SQLite store in front of the real demo upstream, in
-process; the upstream counts its own orders. The Reconciler runs in the background
-inside the app on the test's fake clock: settle windows and deadlines pass when the
-test advances the clock, and every wait for the background loop is bounded polling.
+The proxy app runs on a real store (SQLite and PostgreSQL, see conftest.py) in front
+of the real demo upstream, in process; the upstream counts its own orders. The
+Reconciler runs in the background inside the app on the store's clock: settle windows
+and deadlines pass when the test advances the fake clock, and every wait for the
+background loop is bounded polling. A second "replica" is a second Store on the same
+SQLite file or PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from tests.integration.app.conftest import (
     assert_problem,
     json_body,
     poll_until,
-    sqlite_rows,
 )
 
 RESOURCE = "supplier:widget"
@@ -37,6 +38,9 @@ FAIL_503 = {"Demo-Status": "503"}
 SETTLE_S = 2.0  # PROBE_BY_KEY's settle_s
 FENCEPROXY = str(Path(sys.executable).parent / "fenceproxy")
 CLI_TIMEOUT_S = 30.0
+# How far test_sweep_... moves the clock: past the deadline + margin of an effect
+# with a 1 s upstream timeout.
+SWEEP_ADVANCE_S = 1 + DEADLINE_MARGIN_S + 0.5
 
 
 async def wait_for_effect(
@@ -78,11 +82,9 @@ async def unknown_effect(fence: Fence, token: str, key: str, headers: dict[str, 
     return effect_id
 
 
-def key_rows(fence: Fence, key: str) -> list[tuple[Any, ...]]:
-    return sqlite_rows(
-        fence.db_path,
-        "SELECT effect_id FROM idempotency WHERE resource = ? AND key = ?",
-        (RESOURCE, key),
+async def key_rows(fence: Fence, key: str) -> list[tuple[Any, ...]]:
+    return await fence.rows(
+        "SELECT effect_id FROM idempotency WHERE resource = ? AND key = ?", RESOURCE, key
     )
 
 
@@ -175,7 +177,7 @@ async def test_not_found_before_settle_s_does_not_free_the_key(make_fence: Fence
     assert first[0]["upstream_status"] == 404
     assert first[0]["conclusion"] == "inconclusive"
     assert early["next_probe_at"] >= early["created_at"] + SETTLE_S
-    assert key_rows(fence, "k-1") == [(effect_id,)]
+    assert await key_rows(fence, "k-1") == [(effect_id,)]
     blocked = await fence.order("widget", lease["token"], "k-1")
     await assert_problem(blocked, 423, "resource_blocked")
     assert await fence.upstream_orders() == 0
@@ -186,7 +188,7 @@ async def test_not_found_before_settle_s_does_not_free_the_key(make_fence: Fence
     assert effect["settled_by"] == "probe"
     last = events_of(effect, "probe")[-1]
     assert (last["upstream_status"], last["conclusion"]) == (404, "not_committed")
-    assert key_rows(fence, "k-1") == []
+    assert await key_rows(fence, "k-1") == []
 
     retry = await fence.order("widget", lease["token"], "k-1")
     body = await json_body(retry)
@@ -300,7 +302,7 @@ async def test_restart_turns_its_own_dispatching_effects_unknown_before_serving(
     own = await dispatching(fence.store, lease["token"], new_effect(RESOURCE, "k-1"))
     # Another replica's request on another resource, well within its deadline.
     other_lease = await fence.acquire("supplier:gadget", "worker-c", ttl_s=30)
-    replica = open_store(f"sqlite:///{fence.db_path}", fence.clock, "replica-2:8080")
+    replica = open_store(fence.store_url, fence.clock, "replica-2:8080")
     await replica.open()
     try:
         gadget = new_effect("supplier:gadget", "g")
@@ -312,13 +314,9 @@ async def test_restart_turns_its_own_dispatching_effects_unknown_before_serving(
     restarted = await fence.restart()  # no clock advance: no deadline has passed
 
     # Before any request reaches the new app, the records already say UNKNOWN.
-    rows = sqlite_rows(
-        fence.db_path, "SELECT id, state FROM effects WHERE id IN (?, ?)", (own, theirs)
-    )
+    rows = await fence.rows("SELECT id, state FROM effects WHERE id IN (?, ?)", own, theirs)
     assert dict(rows) == {own: "UNKNOWN", theirs: "DISPATCHING"}
-    kinds = sqlite_rows(
-        fence.db_path, "SELECT kind FROM effect_events WHERE effect_id = ? ORDER BY id", (own,)
-    )
+    kinds = await fence.rows("SELECT kind FROM effect_events WHERE effect_id = ? ORDER BY id", own)
     assert kinds[:1] == [("recover",)]
 
     effect = await restarted.effect(own)
@@ -346,15 +344,19 @@ async def test_sweep_marks_another_instances_overdue_effect_unknown(
         name: (await fence.acquire(f"supplier:{name}", "worker-a", ttl_s=30))["token"]
         for name in ("overdue", "margin", "live")
     }
-    replica = open_store(f"sqlite:///{fence.db_path}", fence.clock, "replica-2:8080")
+    replica = open_store(fence.store_url, fence.clock, "replica-2:8080")
     await replica.open()
     try:
         overdue = await dispatching(
             replica, leases["overdue"], new_effect("supplier:overdue", "k", upstream_timeout_s=1)
         )
-        # Past its deadline at the sweep, but not past deadline + margin.
+        # Past its deadline at the sweep (by 0.1 s, plus however long PostgreSQL's own
+        # clock runs until the sweep, at most SWEEP_INTERVAL_S and a little more), but
+        # not past deadline + margin.
         margin = await dispatching(
-            replica, leases["margin"], new_effect("supplier:margin", "k", upstream_timeout_s=2.5)
+            replica,
+            leases["margin"],
+            new_effect("supplier:margin", "k", upstream_timeout_s=SWEEP_ADVANCE_S - 0.1),
         )
         live = await dispatching(
             replica, leases["live"], new_effect("supplier:live", "k", upstream_timeout_s=20)
@@ -362,7 +364,7 @@ async def test_sweep_marks_another_instances_overdue_effect_unknown(
     finally:
         await replica.close()
 
-    fence.clock.advance(1 + DEADLINE_MARGIN_S + 0.5)
+    fence.clock.advance(SWEEP_ADVANCE_S)
 
     swept = await wait_for_effect(
         fence,
@@ -386,8 +388,8 @@ async def test_admin_probe_runs_now_and_only_on_unknown_effects(make_fence: Fenc
     fence = await make_fence(reconcile=PROBE_BY_KEY)
     lease = await fence.acquire(RESOURCE, "worker-a", ttl_s=30)
     effect_id = await unknown_effect(fence, lease["token"], "k-1", FAIL_503)
-    # The background's first probe; its next one waits for the settle window (the
-    # fake clock does not move), so every probe below is the admin's.
+    # The background's first probe; its next one waits for the settle window (2 s; the
+    # test does not advance the clock), so every probe below is the admin's.
     await wait_for_effect(fence, effect_id, "a first probe", probed)
 
     early = await probe_now(fence, effect_id)

@@ -1,0 +1,312 @@
+"""What only the PostgreSQL store has: several replicas deciding on one database, and
+one clock for all of them, the database's.
+
+Each "replica" is a Store of its own (its own connection pool) on the test's schema,
+as separate proxy processes would be. Races are started with asyncio.gather over both
+stores, many resources at once, so the database sees truly concurrent transactions.
+The contract both backends share is in test_store_contract.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from proxy.decisions import Replay
+from proxy.records import EffectRecord, EffectState, Refusal
+from proxy.store import Admitted, NewEffect, Store, open_store
+from proxy.store.queries import load_migrations
+from tests.integration.app import backends
+from tests.integration.app.backends import Backend
+from tests.integration.app.conftest import FakeClock
+from tests.integration.app.test_store_contract import (
+    AcquireResult,
+    acquire,
+    granted,
+    new_token_hash,
+    running_store,
+)
+
+AdmitResult = Admitted | Replay | Refusal
+
+
+@pytest.fixture
+def backend() -> Backend:
+    return "postgresql"
+
+
+@pytest.fixture
+async def replicas(store_url: str, clock: FakeClock) -> AsyncIterator[tuple[Store, Store]]:
+    """Two replicas of the authority on one database, each with its own pool."""
+    async with (
+        running_store(store_url, clock, instance_id="replica-1") as one,
+        running_store(store_url, clock, instance_id="replica-2") as two,
+    ):
+        yield one, two
+
+
+def new_effect(resource: str, key: str) -> NewEffect:
+    return NewEffect(
+        route="place-order",
+        resource=resource,
+        idempotency_key=key,
+        fingerprint=f"fp-{key}",
+        method="POST",
+        path=f"/orders/{key}",
+        max_in_flight=1,
+        upstream_timeout_s=1.0,
+        retain_s=60,
+    )
+
+
+async def leased(store: Store, resource: str, holder: str = "w", ttl_s: float = 30) -> str:
+    """Acquire `resource` through `store`; returns the lease's token hash."""
+    token_hash = new_token_hash()
+    granted(await store.acquire(resource, holder, ttl_s, token_hash))
+    return token_hash
+
+
+async def unknown_effect(store: Store, resource: str) -> str:
+    """An effect on `resource` whose outcome is unknown (its answer was lost)."""
+    token_hash = await leased(store, resource)
+    admitted = await store.admit(token_hash, new_effect(resource, f"k-{resource}"))
+    assert isinstance(admitted, Admitted), admitted
+    effect_id = admitted.effect.id
+    await store.finish_effect(effect_id, EffectState.UNKNOWN, None, "response lost", None)
+    effect = await store.effect(effect_id)
+    assert effect is not None and effect.state is EffectState.UNKNOWN
+    return effect_id
+
+
+async def test_two_replicas_race_for_one_lease_and_exactly_one_wins(
+    replicas: tuple[Store, Store], clock: FakeClock, store_url: str
+) -> None:
+    epochs: list[int] = []
+    for _ in range(3):
+        attempts = [
+            acquire(store, "shared", holder=f"{n}") for n in range(25) for store in replicas
+        ]
+        results: list[AcquireResult] = await asyncio.gather(*attempts)
+
+        grants = [granted(r) for r in results if not isinstance(r, Refusal)]
+        assert len(grants) == 1, grants
+        assert {r.code for r in results if isinstance(r, Refusal)} == {"lease_held"}
+        epochs.append(grants[0].epoch)
+        for store in replicas:
+            view = await store.lease_view("shared")
+            assert (view.epoch, view.holder, view.live) == (grants[0].epoch, grants[0].holder, True)
+        clock.advance(31)  # the lease expires, for both replicas at once
+
+    assert epochs == [1, 2, 3]
+    rows = await backends.rows(
+        store_url, "SELECT epoch FROM leases WHERE resource = ?", ("shared",)
+    )
+    assert sorted(epoch for (epoch,) in rows) == [1, 2, 3]
+
+
+async def test_admissions_under_two_epochs_never_both_succeed(
+    replicas: tuple[Store, Store], store_url: str
+) -> None:
+    """Replica 1 admits a write under the current lease while replica 2 revokes it,
+    takes a new lease and admits a write under that. Whatever the interleaving,
+    exactly one of the two writes is admitted: the old holder's before the revoke
+    (and the successor is then refused, the resource being busy with it), or the
+    successor's (and the old holder's is stale)."""
+    one, two = replicas
+    resources = [f"race:{i}" for i in range(30)]
+    old_tokens = [await leased(one, resource, "old") for resource in resources]
+
+    async def old_holder(resource: str, token_hash: str) -> AdmitResult:
+        return await one.admit(token_hash, new_effect(resource, "old"))
+
+    async def successor(resource: str) -> AcquireResult | AdmitResult:
+        await two.revoke(resource, "takeover")
+        token_hash = new_token_hash()
+        lease = await two.acquire(resource, "new", 30, token_hash)
+        if isinstance(lease, Refusal):
+            return lease
+        return await two.admit(token_hash, new_effect(resource, "new"))
+
+    outcomes = await asyncio.gather(
+        *(old_holder(r, t) for r, t in zip(resources, old_tokens, strict=True)),
+        *(successor(r) for r in resources),
+    )
+    old_results, new_results = outcomes[: len(resources)], outcomes[len(resources) :]
+
+    for resource, old, new in zip(resources, old_results, new_results, strict=True):
+        admitted = [r for r in (old, new) if isinstance(r, Admitted)]
+        assert len(admitted) == 1, (resource, old, new)
+        if isinstance(old, Admitted):
+            assert isinstance(new, Refusal) and new.code == "resource_blocked", (resource, new)
+            assert old.effect.epoch == 1
+        else:
+            assert isinstance(old, Refusal) and old.code == "stale_epoch", (resource, old)
+            assert isinstance(new, Admitted) and new.effect.epoch == 3
+    # The records agree: one write in flight per resource, never two.
+    rows = await backends.rows(
+        store_url, "SELECT resource, COUNT(*) FROM effects GROUP BY resource ORDER BY resource"
+    )
+    assert rows == [(resource, 1) for resource in sorted(resources)]
+
+
+@pytest.mark.parametrize(
+    ("same_key", "refused_as"), [(False, "effect_in_flight"), (True, "request_in_progress")]
+)
+async def test_one_holder_writing_through_both_replicas_at_once_gets_one_write_in_flight(
+    replicas: tuple[Store, Store], same_key: bool, refused_as: str
+) -> None:
+    """max_in_flight 1 holds across replicas: of 20 simultaneous writes under one lease
+    (different keys, or the same key retried), exactly one is admitted."""
+    one, _ = replicas
+    token_hash = await leased(one, "busy")
+    attempts = [
+        store.admit(token_hash, new_effect("busy", "k" if same_key else f"k-{n}-{i}"))
+        for n in range(10)
+        for i, store in enumerate(replicas)
+    ]
+    results: list[AdmitResult] = await asyncio.gather(*attempts)
+
+    admitted = [r for r in results if isinstance(r, Admitted)]
+    assert len(admitted) == 1, results
+    assert {r.code for r in results if isinstance(r, Refusal)} == {refused_as}
+    in_flight = await one.effects(resource="busy", state="DISPATCHING")
+    assert [e.id for e in in_flight] == [admitted[0].effect.id]
+
+
+async def test_two_replicas_resolving_one_effect_settle_it_once(
+    replicas: tuple[Store, Store], store_url: str
+) -> None:
+    one, two = replicas
+    effect_ids = [await unknown_effect(one, f"doubt:{i}") for i in range(10)]
+
+    outcomes = await asyncio.gather(
+        *(one.resolve(e, EffectState.COMMITTED, "found it", "alice") for e in effect_ids),
+        *(two.resolve(e, EffectState.NOT_COMMITTED, "not there", "bob") for e in effect_ids),
+    )
+
+    for index, effect_id in enumerate(effect_ids):
+        pair = (outcomes[index], outcomes[index + len(effect_ids)])
+        settled = [r for r in pair if isinstance(r, EffectRecord)]
+        refused = [r for r in pair if isinstance(r, Refusal)]
+        assert len(settled) == 1 and len(refused) == 1, pair
+        assert refused[0].code == "effect_settled"
+        winner = settled[0]
+        assert winner.state in (EffectState.COMMITTED, EffectState.NOT_COMMITTED)
+        stored = await two.effect(effect_id)
+        assert stored is not None
+        assert (stored.state, stored.settled_by) == (winner.state, winner.settled_by)
+        events = await backends.rows(
+            store_url,
+            "SELECT actor FROM effect_events WHERE effect_id = ? AND kind = 'resolve'",
+            (effect_id,),
+        )
+        assert events == [(winner.settled_by,)]
+
+
+async def test_probe_claims_never_overlap_across_replicas(
+    replicas: tuple[Store, Store], clock: FakeClock
+) -> None:
+    one, two = replicas
+    effect_ids = {await unknown_effect(one, f"probe:{i}") for i in range(20)}
+
+    claims = await asyncio.gather(
+        *(store.claim_due_probes(limit=4, claim_s=30) for _ in range(4) for store in replicas)
+    )
+
+    claimed = [effect.id for batch in claims for effect in batch]
+    assert len(claimed) == len(set(claimed)), "an effect was claimed twice"
+    assert set(claimed) == effect_ids  # 8 claims of 4: every due effect, once
+    assert await one.claim_due_probes(limit=20, claim_s=30) == []
+    assert await two.claim_due_probes(limit=20, claim_s=30) == []
+    # A replica that died holding claims: once they run out, the effects are due again.
+    clock.advance(31)
+    again = await asyncio.gather(*(store.claim_due_probes(20, 30) for store in replicas))
+    reclaimed = [effect.id for batch in again for effect in batch]
+    assert sorted(reclaimed) == sorted(effect_ids)
+
+
+async def test_two_replicas_sweeping_at_once_turn_each_overdue_effect_unknown_once(
+    replicas: tuple[Store, Store], clock: FakeClock, store_url: str
+) -> None:
+    """Both replicas' background sweeps find the same overdue DISPATCHING effects (a
+    third replica died with them in flight): each effect becomes UNKNOWN once, with
+    one "recover" decision in its history, claimed by one sweeper."""
+    one, two = replicas
+    effect_ids = set()
+    for i in range(20):
+        resource = f"sweep:{i}"
+        admitted = await one.admit(await leased(one, resource), new_effect(resource, "k"))
+        assert isinstance(admitted, Admitted), admitted
+        effect_ids.add(admitted.effect.id)
+    clock.advance(1.0 + 2.0 + 0.5)  # past every deadline (1 s) + margin (2 s)
+
+    for _ in range(3):  # a few rounds, as the sweeps of live replicas would run
+        swept = await asyncio.gather(one.recover(None, 2.0), two.recover(None, 2.0))
+        if any(swept):
+            break
+    first, second = swept
+    assert set(first) | set(second) == effect_ids
+    events = await backends.rows(
+        store_url,
+        "SELECT effect_id, COUNT(*) FROM effect_events WHERE kind = 'recover' GROUP BY effect_id",
+    )
+    recorded = sorted(count for _, count in events)
+    assert recorded == [1] * len(effect_ids), f"recover events per effect: {recorded}"
+    both = set(first) & set(second)
+    assert not both, f"both replicas report sweeping {len(both)} of the same effects"
+    for effect_id in effect_ids:
+        effect = await two.effect(effect_id)
+        assert effect is not None and effect.state is EffectState.UNKNOWN
+
+
+async def test_lease_expiry_is_judged_by_the_database_clock(
+    store_url: str, clock: FakeClock
+) -> None:
+    # Each replica is given a Python clock that disagrees wildly with the other's and
+    # with the database's: on PostgreSQL neither is read.
+    early, late = FakeClock(start=0.0), FakeClock(start=4e9)
+    async with (
+        running_store(store_url, early, instance_id="replica-early") as one,
+        running_store(store_url, late, instance_id="replica-late") as two,
+    ):
+        token_hash = new_token_hash()
+        result = await one.acquire("r", "a", 5, token_hash)
+        assert not isinstance(result, Refusal), result
+        lease, granted_at = result
+        db_now = await two.now()
+        assert granted_at == pytest.approx(db_now, abs=clock.tolerance)
+        assert lease.expires_at == granted_at + 5
+
+        early.advance(3600)  # a replica's own clock jumping forward changes nothing
+        late.advance(3600)
+        held = await two.acquire("r", "b", 5, new_token_hash())
+        assert isinstance(held, Refusal) and held.code == "lease_held"
+        assert (await one.lease_view("r")).live and (await two.lease_view("r")).live
+
+        clock.advance(5.5)  # the database's clock: store_meta.clock_offset_s
+        assert await two.now() >= lease.expires_at
+        assert not (await one.lease_view("r")).live
+        assert not (await two.lease_view("r")).live
+        renewed = await one.renew(token_hash, 5)
+        assert isinstance(renewed, Refusal) and renewed.code == "lease_expired"
+        successor = granted(await two.acquire("r", "b", 5, new_token_hash()))
+        assert successor.epoch == 2
+
+
+async def test_replicas_starting_together_migrate_a_fresh_database_once(
+    store_url: str, clock: FakeClock
+) -> None:
+    stores = [open_store(store_url, clock, f"replica-{n}") for n in range(3)]
+    await asyncio.gather(*(store.open() for store in stores))
+    try:
+        results = await asyncio.gather(*(acquire(store, "r") for store in stores))
+        assert sum(not isinstance(r, Refusal) for r in results) == 1
+    finally:
+        await asyncio.gather(*(store.close() for store in stores))
+    shipped = [(version, name) for version, name, _ in load_migrations("postgresql")]
+    recorded = await backends.rows(
+        store_url, "SELECT version, name FROM schema_migrations ORDER BY version"
+    )
+    assert recorded == shipped
