@@ -1,15 +1,29 @@
-"""Benchmark: what fencing costs, as fenceproxy against a plain pass-through proxy.
+"""Benchmark: what fencing costs, as fenceproxy against a plain pass-through proxy,
+and what a second fenceproxy replica on one PostgreSQL database adds.
 
     python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64]
-                        [--targets plain,fenced] [--sqlite-synchronous FULL] [--json]
+                        [--targets plain,fenced] [--sqlite-synchronous FULL]
+                        [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
+                        [--pg-concurrency 64] [--pg-pool 10] [--json]
 
-Starts, each as its own process on a free port, the demo upstream, the plain
-proxy (bench/plain_proxy.py) and fenceproxy with a generated config. For each
-concurrency C and each target, C workers each POST a small JSON body to
-/sink/w{i} in a loop; through fenceproxy, a worker first takes a lease on
-bench:w{i} and sends its Fence-Token and a fresh Idempotency-Key with every
-request, so each request is admitted, recorded and forwarded as a fenced
-effect. The upstream's sink does no I/O, so the figures are the proxies'.
+SQLite (`--backends sqlite`): starts, each as its own process on a free port,
+the demo upstream, the plain proxy (bench/plain_proxy.py) and fenceproxy with a
+generated config. For each concurrency C and each target, C workers each POST a
+small JSON body to /sink/w{i} in a loop; through fenceproxy, a worker first
+takes a lease on bench:w{i} and sends its Fence-Token and a fresh
+Idempotency-Key with every request, so each request is admitted, recorded and
+forwarded as a fenced effect. The upstream's sink does no I/O, so the figures
+are the proxies'.
+
+PostgreSQL (`--backends postgresql`): creates a fresh database on the server
+that ADMIN_URL names (default $FENCEPROXY_TEST_POSTGRES_URL, else
+postgresql://postgres@127.0.0.1:5432/postgres), starts two fenceproxy replicas
+on it and measures the same fenced workload at --pg-concurrency, once with
+every worker on one replica and once with the workers split between the two
+(worker i talks to replica i mod 2; no load balancer). It prints both rounds,
+the ratio two/one, and where the CPU went in each measured window (each
+process's utime+stime from /proc, the database's server processes, the load
+generator's own, the whole machine's), then drops the database.
 
 Only 2xx answers count as requests; anything else is an error. Requests are
 counted when they complete inside the measured window, after a warm-up.
@@ -28,6 +42,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,12 +51,21 @@ from typing import Any
 import aiohttp
 import yaml
 
+from bench.cpu import LOAD_GENERATOR, CpuSnapshot, CpuUsage, pids_named, usage
+from bench.postgres import DatabaseUnavailable, backend_pids, create_database, drop_database
 from demo.procs import ManagedProcess, ProcessFailed, free_port
 
 PLAIN = "plain"
 FENCED = "fenced"
 TARGETS = (PLAIN, FENCED)
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+BACKENDS = (SQLITE, POSTGRESQL)
+POSTGRES_URL_ENV = "FENCEPROXY_TEST_POSTGRES_URL"
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# The goal for two replicas on one database (issue 4): this many times one replica.
+SCALE_OUT_GOAL = 1.5
 
 LEASE_TTL_S = 300
 # Workers never renew, so a round must end well before their leases expire.
@@ -72,6 +96,11 @@ class Measurement:
     p99_ms: float | None
     errors: int
     error_kinds: dict[str, int]
+    replicas: int = 1
+    cpu: CpuUsage | None = None
+
+
+Sampler = Callable[[], Awaitable[CpuSnapshot]]
 
 
 def percentile_ms(sorted_latencies_s: list[float], fraction: float) -> float | None:
@@ -147,32 +176,59 @@ async def run_worker(
 
 
 async def measure(
-    target: str, base_url: str, concurrency: int, warmup_s: float, duration_s: float
+    target: str,
+    base_urls: str | list[str],
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    sampler: Sampler | None = None,
 ) -> Measurement:
+    """Worker i talks to base_urls[i mod len]; with a `sampler`, CPU is accounted over
+    the measured window."""
+    urls = [base_urls] if isinstance(base_urls, str) else base_urls
+    worker_urls = [urls[worker % len(urls)] for worker in range(concurrency)]
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=REQUEST_TIMEOUT) as session:
         tokens: list[str | None] = [None] * concurrency
-        if target == FENCED:
+        if target != PLAIN:
             tokens = list(
                 await asyncio.gather(
-                    *(acquire_lease(session, base_url, worker) for worker in range(concurrency))
+                    *(
+                        acquire_lease(session, worker_urls[worker], worker)
+                        for worker in range(concurrency)
+                    )
                 )
             )
         loop = asyncio.get_running_loop()
         measure_from = loop.time() + warmup_s
         measure_until = measure_from + duration_s
         tallies = [WorkerTally() for _ in range(concurrency)]
-        await asyncio.gather(
+
+        async def account_window() -> CpuUsage | None:
+            if sampler is None:
+                return None
+            await asyncio.sleep(max(0.0, measure_from - loop.time()))
+            before = await sampler()
+            await asyncio.sleep(max(0.0, measure_until - loop.time()))
+            return usage(before, await sampler())
+
+        cpu, *_ = await asyncio.gather(
+            account_window(),
             *(
                 run_worker(
-                    session, f"{base_url}/sink/w{worker}", token, measure_from, measure_until, tally
+                    session,
+                    f"{worker_urls[worker]}/sink/w{worker}",
+                    token,
+                    measure_from,
+                    measure_until,
+                    tally,
                 )
                 for worker, (token, tally) in enumerate(zip(tokens, tallies, strict=True))
-            )
+            ),
         )
-        for token in tokens:
+        for worker, token in enumerate(tokens):
             if token is not None:
-                await release_lease(session, base_url, token)
+                await release_lease(session, worker_urls[worker], token)
 
     latencies = sorted(latency for tally in tallies for latency in tally.latencies_s)
     error_kinds: Counter[str] = sum((tally.errors for tally in tallies), Counter())
@@ -186,11 +242,15 @@ async def measure(
         p99_ms=percentile_ms(latencies, 0.99),
         errors=sum(error_kinds.values()),
         error_kinds=dict(error_kinds),
+        replicas=len(urls),
+        cpu=cpu,
     )
 
 
-def fenceproxy_config(port: int, upstream_url: str, store_url: str) -> dict[str, Any]:
-    return {
+def fenceproxy_config(
+    port: int, upstream_url: str, store_url: str, pool_max: int | None = None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "version": 1,
         "listen": {"host": "127.0.0.1", "port": port},
         "store": store_url,
@@ -209,6 +269,9 @@ def fenceproxy_config(port: int, upstream_url: str, store_url: str) -> dict[str,
             }
         ],
     }
+    if pool_max is not None:
+        config["store_pool"] = {"min_size": 1, "max_size": pool_max}
+    return config
 
 
 @dataclass
@@ -218,58 +281,89 @@ class RunningTargets:
     fenceproxy_db: Path | None
 
 
-def start_targets(
-    processes: ExitStack, workdir: Path, targets: list[str], synchronous: str
-) -> RunningTargets:
-    """Start the upstream and the chosen proxies; each is stopped when `processes` closes."""
-    started: list[ManagedProcess] = []
+def start_process(
+    processes: ExitStack, workdir: Path, name: str, module_and_args: list[str], health_url: str
+) -> ManagedProcess:
+    """`python -m MODULE ARGS`, stopped when `processes` closes; returns once healthy."""
+    argv = [sys.executable, "-m", *module_and_args]
+    process = processes.enter_context(ManagedProcess(name, argv, log_path=workdir / f"{name}.log"))
+    process.wait_http_ok(health_url, STARTUP_TIMEOUT_S)
+    return process
 
-    def start(name: str, module_and_args: list[str], health_url: str) -> None:
-        argv = [sys.executable, "-m", *module_and_args]
-        process = processes.enter_context(
-            ManagedProcess(name, argv, log_path=workdir / f"{name}.log")
-        )
-        started.append(process)
-        process.wait_http_ok(health_url, STARTUP_TIMEOUT_S)
 
-    upstream_port = free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
-    start(
+def start_upstream(processes: ExitStack, workdir: Path) -> tuple[str, ManagedProcess]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_process(
+        processes,
+        workdir,
         "demo-upstream",
         [
             "demo.upstream",
             "--port",
-            str(upstream_port),
+            str(port),
             "--db",
             str(workdir / "upstream.db"),
             "--no-access-log",
         ],
-        f"{upstream_url}/_demo/healthz",
+        f"{url}/_demo/healthz",
     )
+    return url, process
+
+
+def start_fenceproxy(
+    processes: ExitStack,
+    workdir: Path,
+    name: str,
+    upstream_url: str,
+    store_url: str,
+    pool_max: int | None = None,
+) -> tuple[str, ManagedProcess]:
+    port = free_port()
+    config_path = workdir / f"{name}.yaml"
+    config = fenceproxy_config(port, upstream_url, store_url, pool_max)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    url = f"http://127.0.0.1:{port}"
+    process = start_process(
+        processes,
+        workdir,
+        name,
+        ["proxy.cli", "serve", "--config", str(config_path)],
+        f"{url}/_fence/healthz",
+    )
+    return url, process
+
+
+def start_targets(
+    processes: ExitStack, workdir: Path, targets: list[str], synchronous: str
+) -> RunningTargets:
+    """Start the upstream and the chosen proxies; each is stopped when `processes` closes."""
+    upstream_url, upstream = start_upstream(processes, workdir)
+    started = [upstream]
     base_urls: dict[str, str] = {}
     if PLAIN in targets:
         port = free_port()
         base_urls[PLAIN] = f"http://127.0.0.1:{port}"
-        start(
-            "plain-proxy",
-            ["bench.plain_proxy", "--port", str(port), "--upstream", upstream_url],
-            f"{base_urls[PLAIN]}/_demo/healthz",
+        started.append(
+            start_process(
+                processes,
+                workdir,
+                "plain-proxy",
+                ["bench.plain_proxy", "--port", str(port), "--upstream", upstream_url],
+                f"{base_urls[PLAIN]}/_demo/healthz",
+            )
         )
     fenceproxy_db = None
     if FENCED in targets:
-        port = free_port()
-        base_urls[FENCED] = f"http://127.0.0.1:{port}"
         fenceproxy_db = workdir / "bench.db"
-        config_path = workdir / "fenceproxy.yaml"
-        config = fenceproxy_config(
-            port, upstream_url, f"sqlite:///{fenceproxy_db}?synchronous={synchronous}"
-        )
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        start(
+        base_urls[FENCED], fenceproxy = start_fenceproxy(
+            processes,
+            workdir,
             "fenceproxy",
-            ["proxy.cli", "serve", "--config", str(config_path)],
-            f"{base_urls[FENCED]}/_fence/healthz",
+            upstream_url,
+            f"sqlite:///{fenceproxy_db}?synchronous={synchronous}",
         )
+        started.append(fenceproxy)
     return RunningTargets(base_urls, started, fenceproxy_db)
 
 
@@ -320,6 +414,14 @@ def report_table(measurements: list[Measurement]) -> list[str]:
             f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
         )
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
+        if m.cpu is not None and m.req_per_s > 0:
+            cost = ", ".join(
+                f"{name} {10 * percent / m.req_per_s:.2f}"
+                for name, percent in m.cpu.percent.items()
+                if percent >= 5
+            )
+            busy = m.cpu.machine_busy_percent
+            lines.append(f"{'':>10}CPU ms per request: {cost}; machine {busy:.0f}% busy")
     lines.extend(
         f"fenced/plain req/s at concurrency {concurrency}: {ratio:.2f}"
         for concurrency, ratio in ratios(measurements).items()
@@ -328,19 +430,217 @@ def report_table(measurements: list[Measurement]) -> list[str]:
 
 
 async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list[Measurement]:
+    async def sample() -> CpuSnapshot:
+        return CpuSnapshot.take({process.name: [process.pid] for process in running.processes})
+
     measurements = []
     for concurrency in args.concurrency:
         for target in args.targets:
             print(f"measuring {target} at concurrency {concurrency} ...", file=sys.stderr)
             measurements.append(
                 await measure(
-                    target, running.base_urls[target], concurrency, args.warmup, args.duration
+                    target,
+                    running.base_urls[target],
+                    concurrency,
+                    args.warmup,
+                    args.duration,
+                    sample,
                 )
             )
             for process in running.processes:
                 if not process.is_running():
                     raise process.failure(f"exited with status {process.returncode} mid-run")
     return measurements
+
+
+@dataclass(frozen=True)
+class PostgresRun:
+    """One replica against two, on one fresh PostgreSQL database."""
+
+    concurrency: int
+    pool_max: int
+    rounds: list[Measurement]  # one replica, then two
+    verdict: list[str]
+
+    @property
+    def two_over_one(self) -> float | None:
+        one, two = self.rounds
+        return two.req_per_s / one.req_per_s if one.req_per_s > 0 else None
+
+
+FENCEPROXY_GROUP = "fenceproxy {name}"
+UPSTREAM_GROUP = "demo upstream"
+PG_DB_GROUP = "postgres: the bench database's backends"
+PG_ALL_GROUP = "postgres: every server process"
+OTHERS = "everything else on the machine"
+
+
+def unaccounted_percent(cpu: CpuUsage) -> float:
+    """Busy CPU that none of the benchmark's processes used (other work on the machine,
+    the kernel's own), in % of one core."""
+    accounted = sum(v for k, v in cpu.percent.items() if k != PG_DB_GROUP)  # a subset of all
+    return max(0.0, cpu.machine_busy_percent * cpu.cores - accounted)
+
+
+def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
+    """Create the database, start the upstream and two replicas, measure, drop it."""
+    print(f"creating a PostgreSQL database via {args.postgres_url} ...", file=sys.stderr)
+    store_url = asyncio.run(create_database(args.postgres_url))
+    try:
+        with ExitStack() as processes:
+            upstream_url, upstream = start_upstream(processes, workdir)
+            replicas = [
+                start_fenceproxy(
+                    processes, workdir, f"pg-r{n}", upstream_url, store_url, args.pg_pool
+                )
+                for n in (1, 2)
+            ]
+            rounds = asyncio.run(measure_postgres(args, store_url, upstream, replicas))
+    finally:
+        asyncio.run(drop_database(args.postgres_url, store_url))
+    run = PostgresRun(args.pg_concurrency, args.pg_pool, rounds, [])
+    return PostgresRun(run.concurrency, run.pool_max, rounds, bound_verdict(run))
+
+
+async def measure_postgres(
+    args: argparse.Namespace,
+    store_url: str,
+    upstream: ManagedProcess,
+    replicas: list[tuple[str, ManagedProcess]],
+) -> list[Measurement]:
+    async def sample() -> CpuSnapshot:
+        groups = {
+            FENCEPROXY_GROUP.format(name=process.name): [process.pid] for _, process in replicas
+        }
+        groups[UPSTREAM_GROUP] = [upstream.pid]
+        groups[PG_DB_GROUP] = await backend_pids(args.postgres_url, store_url)
+        groups[PG_ALL_GROUP] = pids_named("postgres")
+        return CpuSnapshot.take(groups)
+
+    rounds = []
+    for used in (replicas[:1], replicas):
+        print(
+            f"measuring fenced on PostgreSQL, {len(used)} replica(s), "
+            f"concurrency {args.pg_concurrency} ...",
+            file=sys.stderr,
+        )
+        rounds.append(
+            await measure(
+                f"pg x{len(used)}",
+                [url for url, _ in used],
+                args.pg_concurrency,
+                args.warmup,
+                args.duration,
+                sample,
+            )
+        )
+        for process in (upstream, *(p for _, p in replicas)):
+            if not process.is_running():
+                raise process.failure(f"exited with status {process.returncode} mid-run")
+    return rounds
+
+
+def cpu_ms_per_request(measurement: Measurement) -> dict[str, float]:
+    """CPU milliseconds each process group spent per request answered in the window."""
+    cpu = measurement.cpu
+    if cpu is None or measurement.req_per_s <= 0:
+        return {}
+    groups = {
+        "fenceproxy": sum(v for k, v in cpu.percent.items() if k.startswith("fenceproxy")),
+        "PostgreSQL": cpu.percent.get(PG_ALL_GROUP, 0.0),
+        "the demo upstream": cpu.percent.get(UPSTREAM_GROUP, 0.0),
+        "the load generator": cpu.percent.get(LOAD_GENERATOR, 0.0),
+    }
+    return {name: 10 * percent / measurement.req_per_s for name, percent in groups.items()}
+
+
+def bound_verdict(run: PostgresRun) -> list[str]:
+    """What bounds two replicas' throughput, from the CPU accounted in their window."""
+    ratio = run.two_over_one
+    two = run.rounds[1].cpu
+    if ratio is None or two is None:
+        return ["no verdict: a round measured nothing"]
+    lines = [
+        f"two replicas give {ratio:.2f}x one replica's throughput "
+        f"(goal {SCALE_OUT_GOAL}x: {'met' if ratio >= SCALE_OUT_GOAL else 'not met'})."
+    ]
+    for measurement in run.rounds:
+        cost = cpu_ms_per_request(measurement)
+        total = sum(cost.values())
+        if total <= 0:
+            continue
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in cost.items())
+        lines.append(
+            f"{measurement.replicas} replica(s): CPU ms per request: {parts}; {total:.2f} in all, "
+            f"so {two.cores} cores serve at most {two.cores * 1000 / total:.0f} req/s "
+            f"(measured {measurement.req_per_s:.0f})."
+        )
+    database = two.percent.get(PG_ALL_GROUP, 0.0)
+    if ratio >= SCALE_OUT_GOAL:
+        pass
+    elif two.machine_busy_percent >= 90:
+        lines.append(
+            f"Bound: CPU. With two replicas the {two.cores} cores were "
+            f"{two.machine_busy_percent:.0f}% busy. The processes that serve a request (load "
+            "generator, proxy, upstream, database) share the same cores, so a second replica "
+            "adds no capacity: it splits the proxies' share, and the per-request cost above "
+            "does not fall."
+        )
+    elif database >= 90:
+        lines.append("Bound: the database (its server processes use about a core or more).")
+    else:
+        lines.append(
+            f"Bound: not CPU (the cores were {two.machine_busy_percent:.0f}% busy) nor the "
+            "database's CPU: waits (connection pool, row locks, round trips); try --pg-pool."
+        )
+    unaccounted = unaccounted_percent(two)
+    if unaccounted >= 20:
+        lines.append(
+            f"Caution: {unaccounted:.0f}% of one core went to processes outside the benchmark; "
+            "the figures are lower than on an idle machine."
+        )
+    return lines
+
+
+def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
+    lines = [
+        f"PostgreSQL store: fenced at concurrency {run.concurrency}, one fresh database, "
+        f"store_pool max_size {run.pool_max} per replica",
+        f"{'replicas':<8} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}",
+    ]
+    for m in run.rounds:
+        lines.append(
+            f"{m.replicas:<8} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
+        )
+        lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
+    ratio = run.two_over_one
+    lines.append(f"two replicas / one replica req/s: {'-' if ratio is None else f'{ratio:.2f}'}")
+    same = [m for m in sqlite if m.target == FENCED and m.concurrency == run.concurrency]
+    if same:
+        lines.append(
+            f"fenced req/s at concurrency {run.concurrency}: SQLite (one process) "
+            f"{same[0].req_per_s:.1f}; PostgreSQL one replica {run.rounds[0].req_per_s:.1f}, "
+            f"two replicas {run.rounds[1].req_per_s:.1f}"
+        )
+    one_cpu, two_cpu = run.rounds[0].cpu, run.rounds[1].cpu
+    if one_cpu is not None and two_cpu is not None:
+        lines += ["", "CPU in each measured window, % of one core (utime+stime from /proc):"]
+        lines.append(f"  {'process':<44} {'1 replica':>10} {'2 replicas':>10}")
+        for name in two_cpu.percent:
+            lines.append(
+                f"  {name:<44} {one_cpu.percent.get(name, 0.0):>10.1f} "
+                f"{two_cpu.percent[name]:>10.1f}"
+            )
+        lines.append(
+            f"  {OTHERS:<44} {unaccounted_percent(one_cpu):>10.1f} "
+            f"{unaccounted_percent(two_cpu):>10.1f}"
+        )
+        lines.append(
+            f"  {f'machine busy, % of all {two_cpu.cores} cores':<44} "
+            f"{one_cpu.machine_busy_percent:>10.1f} {two_cpu.machine_busy_percent:>10.1f}"
+        )
+    return [*lines, "", *run.verdict]
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -363,6 +663,13 @@ def target_list(text: str) -> list[str]:
     return targets
 
 
+def backend_list(text: str) -> list[str]:
+    backends = [part.strip() for part in text.split(",")]
+    if set(backends) - set(BACKENDS) or not backends:
+        raise argparse.ArgumentTypeError(f"backends are a comma-separated subset of {BACKENDS}")
+    return backends
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run",
@@ -380,9 +687,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="fenceproxy's SQLite synchronous setting (its store URL's ?synchronous=)",
     )
     parser.add_argument(
+        "--backends",
+        type=backend_list,
+        default=list(BACKENDS),
+        help="sqlite: plain vs fenced on SQLite; postgresql: one vs two replicas on one database",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(POSTGRES_URL_ENV) or DEFAULT_POSTGRES_URL,
+        help=f"admin URL of the server to create the benchmark's database on "
+        f"(default ${POSTGRES_URL_ENV}, else {DEFAULT_POSTGRES_URL})",
+    )
+    parser.add_argument("--pg-concurrency", type=int, default=64, help="workers, PostgreSQL run")
+    parser.add_argument(
+        "--pg-pool", type=int, default=10, help="each replica's store_pool max_size (default 10)"
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)"
     )
     args = parser.parse_args(argv)
+    if args.pg_concurrency < 2 or args.pg_pool < 1:
+        parser.error("--pg-concurrency must be at least 2 and --pg-pool at least 1")
     if args.duration <= 0 or args.warmup < 0:
         parser.error("--duration must be positive and --warmup not negative")
     if args.duration + args.warmup > LONGEST_ROUND_S:
@@ -392,25 +717,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with (
-        tempfile.TemporaryDirectory(prefix="fenceproxy-bench-") as workdir,
-        ExitStack() as processes,
-    ):
+    durability = "n/a (SQLite not measured)"
+    measurements: list[Measurement] = []
+    postgres: PostgresRun | None = None
+    with tempfile.TemporaryDirectory(prefix="fenceproxy-bench-") as workdir:
         try:
-            running = start_targets(processes, Path(workdir), args.targets, args.sqlite_synchronous)
-            durability = store_durability(running, args.sqlite_synchronous)
-            measurements = asyncio.run(measure_all(args, running))
-        except (ProcessFailed, BenchError) as failure:
+            if SQLITE in args.backends:
+                with ExitStack() as processes:
+                    running = start_targets(
+                        processes, Path(workdir), args.targets, args.sqlite_synchronous
+                    )
+                    durability = store_durability(running, args.sqlite_synchronous)
+                    measurements = asyncio.run(measure_all(args, running))
+            if POSTGRESQL in args.backends:
+                postgres = run_postgres(args, Path(workdir) / "postgresql")
+        except (ProcessFailed, BenchError, DatabaseUnavailable) as failure:
             print(f"benchmark failed: {failure}", file=sys.stderr)
             return 1
     # With --json, stdout carries only the JSON so it can be redirected to a file.
     table_stream = sys.stderr if args.json else sys.stdout
-    print(
-        "\n".join([*header_lines(args, durability), "", *report_table(measurements)]),
-        file=table_stream,
-    )
+    lines = header_lines(args, durability)
+    if measurements:
+        lines += ["", *report_table(measurements)]
+    if postgres is not None:
+        lines += ["", *postgres_report(postgres, measurements)]
+    print("\n".join(lines), file=table_stream)
     if args.json:
-        figures = {
+        figures: dict[str, Any] = {
             "nproc": len(os.sched_getaffinity(0)),
             "fenceproxy_sqlite": durability,
             "warmup_s": args.warmup,
@@ -418,6 +751,14 @@ def main(argv: list[str] | None = None) -> int:
             "results": [asdict(m) for m in measurements],
             "fenced_over_plain": {str(c): ratio for c, ratio in ratios(measurements).items()},
         }
+        if postgres is not None:
+            figures["postgresql"] = {
+                "concurrency": postgres.concurrency,
+                "store_pool_max_size": postgres.pool_max,
+                "results": [asdict(m) for m in postgres.rounds],
+                "two_over_one": postgres.two_over_one,
+                "bound": postgres.verdict,
+            }
         print(json.dumps(figures, indent=2))
     return 0
 

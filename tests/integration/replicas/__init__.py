@@ -1,0 +1,1 @@
+"""Several fenceproxy processes sharing one PostgreSQL database, and fence-restore."""
