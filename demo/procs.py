@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,13 @@ DEFAULT_TAIL_LINES = 40
 # Ignore any http_proxy/https_proxy in the environment: readiness checks must
 # reach the local child directly, never a corporate proxy.
 _direct_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def demo_upstream_argv(port: int, db_path: str | Path, access_log: bool = True) -> list[str]:
+    """The command that runs the bundled demo upstream in its own process on 127.0.0.1."""
+    argv = [sys.executable, "-m", "demo.upstream", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--db", str(db_path)]
+    return argv if access_log else [*argv, "--no-access-log"]
 
 
 def free_port() -> int:

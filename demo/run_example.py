@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
-from demo.procs import ManagedProcess, ProcessFailed
+from demo.procs import ManagedProcess, ProcessFailed, demo_upstream_argv
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = PROJECT_ROOT / "state"
@@ -73,17 +73,7 @@ def main() -> int:
         upstream = children.enter_context(
             ManagedProcess(
                 "demo upstream",
-                [
-                    sys.executable,
-                    "-m",
-                    "demo.upstream",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(UPSTREAM_PORT),
-                    "--db",
-                    str(STATE_DIR / "demo-upstream.db"),
-                ],
+                demo_upstream_argv(UPSTREAM_PORT, STATE_DIR / "demo-upstream.db"),
                 log_path=STATE_DIR / "demo-upstream.log",
                 cwd=PROJECT_ROOT,
                 start_new_session=True,

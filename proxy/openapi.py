@@ -139,6 +139,47 @@ def document() -> dict[str, Any]:
                     "responses": {"200": _json({"type": "object"}, "effect"), "default": _PROBLEM},
                 }
             },
+            "/_fence/v1/effects/{effect_id}/probe": {
+                "post": {
+                    "summary": "run the route's probe for an UNKNOWN effect now",
+                    "security": _ADMIN,
+                    "responses": {
+                        "200": _json({"type": "object"}, "what the probe concluded"),
+                        "default": _PROBLEM,
+                    },
+                }
+            },
+            "/_fence/v1/effects/{effect_id}/resolve": {
+                "post": {
+                    "summary": "record an operator's decision on an effect in doubt",
+                    "security": _ADMIN,
+                    "requestBody": {
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["outcome", "reason", "operator"],
+                                    "properties": {
+                                        "outcome": {
+                                            "type": "string",
+                                            "enum": ["committed", "not_committed"],
+                                        },
+                                        "reason": {"type": "string"},
+                                        "operator": {"type": "string"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                    "responses": {
+                        "200": _json({"type": "object"}, "the settled effect"),
+                        "default": _PROBLEM,
+                    },
+                }
+            },
+            "/_fence/metrics": {
+                "get": {"responses": {"200": {"description": "Prometheus text format"}}}
+            },
             "/_fence/v1/rejections": {
                 "get": {
                     "summary": "refused requests, newest first",

@@ -33,7 +33,7 @@ from typing import IO, Any, NamedTuple
 
 import pytest
 
-from demo.procs import ManagedProcess, free_port
+from demo.procs import ManagedProcess, demo_upstream_argv, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"
@@ -718,17 +718,7 @@ def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterato
         upstream = processes.enter_context(
             ManagedProcess(
                 "demo upstream",
-                [
-                    sys.executable,
-                    "-m",
-                    "demo.upstream",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(upstream_port),
-                    "--db",
-                    str(tmp_path / "upstream.db"),
-                ],
+                demo_upstream_argv(upstream_port, tmp_path / "upstream.db"),
                 log_path=tmp_path / "upstream.log",
                 cwd=PROJECT_ROOT,
                 start_new_session=True,

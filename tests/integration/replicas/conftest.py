@@ -36,7 +36,7 @@ import asyncpg
 import pytest
 import yaml
 
-from demo.procs import ManagedProcess, free_port
+from demo.procs import ManagedProcess, demo_upstream_argv, free_port
 from tests import pg
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -175,16 +175,7 @@ class Fleet:
         self.upstream_url = f"http://127.0.0.1:{port}"
         self.upstream = self._start(
             "upstream",
-            [
-                sys.executable,
-                "-m",
-                "demo.upstream",
-                "--port",
-                str(port),
-                "--db",
-                str(self.tmp_path / "upstream.db"),
-                "--no-access-log",
-            ],
+            demo_upstream_argv(port, self.tmp_path / "upstream.db", access_log=False),
             None,
         )
         self.upstream.wait_http_ok(f"{self.upstream_url}/_demo/healthz", STARTUP_TIMEOUT_S)
