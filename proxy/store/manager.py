@@ -551,7 +551,9 @@ async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
     """The resource's records; `lock` first takes the resource's lock where the backend
     needs one, so the decision made on them holds until the transaction ends."""
     if lock:
-        await tx.execute("lock_resource", resource=resource)
+        locked = await tx.one("lock_resource", resource=resource)
+        if locked is not None:  # a backend whose lock can be waited for says when it got it
+            tx.now = float(locked["now"])
     row = await tx.one("resource_state", resource=resource)
     assert row is not None  # the query always answers one row
     epoch = int(row["epoch"] or 0)

@@ -6,8 +6,11 @@
 -- lock_resource --
 -- Upserting takes the resource row's lock (a row with epoch 0 for a resource never
 -- leased), so every decision about one resource runs one replica at a time.
+-- The lock may have been waited for: the decision is judged at the time it is held.
 INSERT INTO resources (resource, epoch) VALUES (:resource, 0)
 ON CONFLICT (resource) DO UPDATE SET epoch = resources.epoch
+RETURNING extract(epoch FROM clock_timestamp())::float8
+          + (SELECT clock_offset_s FROM store_meta) AS now
 
 -- resource_state --
 -- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch
