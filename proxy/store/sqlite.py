@@ -68,6 +68,16 @@ async def _on_thread(
     return result
 
 
+def _resolve(futures: list[asyncio.Future[Any]], outcomes: list[Outcome]) -> None:
+    for future, (ok, value) in zip(futures, outcomes, strict=True):
+        if future.done():  # its waiter was cancelled
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
 def _drive(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine that never suspends, here and now."""
     try:
@@ -190,26 +200,26 @@ class SQLiteConnector:
 
     async def _write_loop(self) -> None:
         assert self._writer is not None
+        loop = asyncio.get_running_loop()
         while True:
             batch = [await self._pending.get()]
             while len(batch) < MAX_BATCH and not self._pending.empty():
                 batch.append(self._pending.get_nowait())
-            operations = [operation for operation, _ in batch]
-            outcomes = await _on_thread(self._writer, self._write_in_thread, operations)
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+            await _on_thread(self._writer, self._write_in_thread, (batch, loop))
 
-    def _write_in_thread(self, operations: list[Operation[Any]]) -> list[Outcome]:
-        if len(operations) > 1:
-            together = self._transaction(operations)
-            if all(ok for ok, _ in together):
-                return together
-        return [self._transaction([operation])[0] for operation in operations]
+    def _write_in_thread(
+        self,
+        work: tuple[list[tuple[Operation[Any], asyncio.Future[Any]]], asyncio.AbstractEventLoop],
+    ) -> None:
+        batch, loop = work
+        operations = [operation for operation, _ in batch]
+        outcomes = self._transaction(operations)
+        if len(operations) > 1 and not all(ok for ok, _ in outcomes):
+            # One failed and took the batch down with it: each again, on its own.
+            outcomes = [self._transaction([operation])[0] for operation in operations]
+        # Waiters are woken straight from here, not after this batch's own completion
+        # reaches the writer task: one event-loop turn less on every store trip.
+        loop.call_soon_threadsafe(_resolve, [future for _, future in batch], outcomes)
 
     def _transaction(self, operations: list[Operation[Any]]) -> list[Outcome]:
         """Run operations in one transaction: all kept, or all failed and rolled back."""
