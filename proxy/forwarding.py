@@ -6,6 +6,7 @@ request whose pooled connection turned out closed; a PUT may still have landed).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import aiohttp
@@ -117,6 +118,7 @@ def upstream_url(upstream: Upstream, request: web.Request) -> URL:
     return URL(upstream.url + request.raw_path, encoded=True)
 
 
+@functools.cache
 def client_timeout(upstream: Upstream) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
 

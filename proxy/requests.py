@@ -56,6 +56,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise ProblemError(
             "payload_too_large", f"the body is {declared} bytes; the limit is {limit}", limit=limit
         )
+    if declared is not None:
+        # Framed by Content-Length (already checked against the limit): one read.
+        return await request.content.read()
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(65536):
