@@ -121,7 +121,10 @@ class SQLiteConnector:
         return conn
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create {self.path.parent}: {exc}") from exc
         try:
             self._writer = await self._connect()
             await self._writer.execute("PRAGMA journal_mode = WAL")
