@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -769,19 +769,3 @@ def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     marker = request.node.get_closest_marker("fence_stack")
     options = StackOptions(**marker.kwargs) if marker is not None else StackOptions()
     yield from _start_stack(tmp_path, options)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
-    """On failure, add the tail of every process's log to the test's report."""
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()
-    if not report.failed:
-        return
-    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
-    running = funcargs.get("stack")
-    if isinstance(running, Stack):
-        for title, text in running.log_tails():
-            report.sections.append((title, text))

@@ -26,7 +26,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,21 +284,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         yield processes
     finally:
         processes.close()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
-    """On failure, add the tail of every process's log to the test's report."""
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()
-    if not report.failed:
-        return
-    running = getattr(item, "funcargs", {}).get("fleet")
-    if isinstance(running, Fleet):
-        for title, text in running.log_tails():
-            report.sections.append((title, text))
 
 
 # -- HTTP ------------------------------------------------------------------------------
