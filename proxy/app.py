@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from core.fencing import Replay
+from core.outcomes import Answered, Lost, NotSent, settle_dispatch
+from core.probing import DEADLINE_MARGIN_S
+from core.records import EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, Policy, RouteMatch
 from proxy import control, forwarding
-from proxy.decisions import Replay
 from proxy.problems import ProblemError, problem, refusal_response
-from proxy.records import EffectState, IdempotencyRecord, StoredResponse
 from proxy.requests import (
     check_header_sizes,
     fingerprint,
@@ -27,11 +29,9 @@ from proxy.requests import (
     single_header,
 )
 from proxy.runtime import RUNTIME, Runtime, runtime_of
-from proxy.store import Admitted, NewEffect, Store, StoreUnavailable, open_store
 from proxy.tokens import token_hash, well_formed
-from reconcile.decisions import DEADLINE_MARGIN_S
-from reconcile.outcomes import Answered, Lost, NotSent, settle_dispatch
 from reconcile.prober import Reconciler
+from store import Admitted, NewEffect, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("fenceproxy")
 

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from core.probing import DEADLINE_MARGIN_S
+from core.records import IN_DOUBT, EffectEvent, EffectRecord, EffectState, Refusal
 from policies import RESOURCE_RE, ConfigError, Policy
 from proxy.app import build_app, new_instance_id
 from proxy.forwarding import new_client_session
-from proxy.records import IN_DOUBT, EffectEvent, EffectRecord, EffectState, Refusal
-from proxy.store import Store, StoreError, open_store
-from reconcile.decisions import DEADLINE_MARGIN_S
 from reconcile.prober import ProbeResult, probe_effect
+from store import Store, StoreError, open_store
 
 T = TypeVar("T")
 

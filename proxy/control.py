@@ -6,9 +6,9 @@ from typing import Any
 
 from aiohttp import web
 
+from core.records import EffectRecord, EffectState, Refusal
 from proxy import openapi
 from proxy.problems import ProblemError, refusal_response
-from proxy.records import EffectRecord, EffectState, Refusal
 from proxy.requests import holder_name, json_object, resource_name, single_header, ttl
 from proxy.runtime import require_admin, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed

@@ -14,8 +14,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from core.outcomes import Answered, DispatchResult, Lost, NotSent
 from policies import Upstream
-from reconcile.outcomes import Answered, DispatchResult, Lost, NotSent
 
 HOP_BY_HOP = frozenset(
     {

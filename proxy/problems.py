@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.records import Refusal
+from core.records import Refusal
 
 STATUS_BY_CODE = {
     "invalid_request": 400,

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from core.records import Rejection
 from policies import Policy
 from proxy.metrics import Metrics
 from proxy.problems import ProblemError
-from proxy.records import Rejection
-from proxy.store import Store, StoreUnavailable
+from store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
     from reconcile.prober import Reconciler

@@ -1,6 +1,6 @@
 """Probing the upstream for effects whose outcome is unknown.
 
-The I/O shell around `reconcile.decisions`: render the route's probe request,
+The I/O shell around `core.probing`: render the route's probe request,
 send it, let `judge_probe` say what the answer proves, and record it. The
 background loop never touches the admission path: it claims due effects in
 the store (so one prober works on an effect at a time, across replicas), and
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from core.probing import Conclusion, judge_probe, next_probe_at
+from core.records import EffectRecord, EffectState
 from policies import Policy, Route
-from proxy.records import EffectRecord, EffectState
-from proxy.store import Store, StoreUnavailable
-from reconcile.decisions import Conclusion, judge_probe, next_probe_at
+from store import Store, StoreUnavailable
 
 log = logging.getLogger("fenceproxy.reconcile")
 

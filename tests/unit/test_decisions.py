@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.decisions import (
+from core.fencing import (
     AdmissionRequest,
     Admit,
     Grant,
@@ -20,8 +20,7 @@ from proxy.decisions import (
     decide_release,
     decide_renew,
 )
-from proxy.problems import STATUS_BY_CODE, refusal_response
-from proxy.records import (
+from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,
@@ -29,6 +28,7 @@ from proxy.records import (
     ResourceState,
     StoredResponse,
 )
+from proxy.problems import STATUS_BY_CODE, refusal_response
 
 NOW = 1_000_000.0
 RESOURCE = "supplier:widget"

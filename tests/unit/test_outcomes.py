@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from core.outcomes import Answered, Lost, NotSent, settle_dispatch
+from core.records import EffectState
 from policies import Outcome, StatusRules
-from proxy.records import EffectState
-from reconcile.outcomes import Answered, Lost, NotSent, settle_dispatch
 
 # The contract's default outcomes: committed 2xx, not_committed 4xx, unknown 408 and 5xx.
 RULES = StatusRules(

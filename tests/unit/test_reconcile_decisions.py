@@ -13,18 +13,8 @@ from itertools import pairwise
 
 import pytest
 
-from policies import Outcome, Probe, Reconcile, StatusRules
-from policies.templates import StringTemplate
-from proxy.decisions import AdmissionRequest, Admit, decide_admission
-from proxy.records import (
-    EffectRecord,
-    EffectState,
-    IdempotencyRecord,
-    LeaseRecord,
-    Refusal,
-    ResourceState,
-)
-from reconcile.decisions import (
+from core.fencing import AdmissionRequest, Admit, decide_admission
+from core.probing import (
     DEADLINE_MARGIN_S,
     FIRST_RETRY_S,
     MAX_RETRY_S,
@@ -33,6 +23,16 @@ from reconcile.decisions import (
     judge_probe,
     next_probe_at,
 )
+from core.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    LeaseRecord,
+    Refusal,
+    ResourceState,
+)
+from policies import Outcome, Probe, Reconcile, StatusRules
+from policies.templates import StringTemplate
 
 NOW = 1_000_000.0
 DISPATCHED = NOW - 100.0

@@ -27,7 +27,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-from proxy.store.sqlite import parse_sqlite_url
+from store.sqlite import parse_sqlite_url
 
 T = TypeVar("T")
 Backend = Literal["sqlite", "postgresql"]

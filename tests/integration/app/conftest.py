@@ -43,7 +43,7 @@ from policies import Policy
 from proxy.app import build_app
 from proxy.cli import PARSER_LIMITS
 from proxy.runtime import RUNTIME
-from proxy.store import Store
+from store import Store
 from tests import pg
 from tests.integration.app import backends
 from tests.integration.app.backends import BACKENDS, Backend

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.store import Admitted, NewEffect, Store, open_store
+from core.probing import DEADLINE_MARGIN_S
 from proxy.tokens import token_hash
-from reconcile.decisions import DEADLINE_MARGIN_S
+from store import Admitted, NewEffect, Store, open_store
 from tests.integration.app.conftest import (
     PROBE_BY_KEY,
     Fence,

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from proxy.records import LeaseRecord, Refusal
-from proxy.store import Store, open_store
-from proxy.store.base import Tx
-from proxy.store.queries import load_migrations
+from core.records import LeaseRecord, Refusal
+from store import Store, open_store
+from store.base import Tx
+from store.queries import load_migrations
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.decisions import Replay
-from proxy.records import EffectRecord, EffectState, Refusal
-from proxy.store import Admitted, NewEffect, Store, open_store
-from proxy.store.queries import load_migrations
+from core.fencing import Replay
+from core.records import EffectRecord, EffectState, Refusal
+from store import Admitted, NewEffect, Store, open_store
+from store.queries import load_migrations
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock

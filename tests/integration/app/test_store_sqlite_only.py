@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from proxy.store import Store
-from proxy.store.queries import load_migrations
-from proxy.store.sqlite import SQLiteConnector
+from store import Store
+from store.queries import load_migrations
+from store.sqlite import SQLiteConnector
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock, sqlite_rows
 from tests.integration.app.test_store_contract import (

@@ -1,7 +1,7 @@
 """Domain operations on the authority's records.
 
 Each public method is one transaction: load records with named queries, ask a
-pure decision in `proxy.decisions`, write what it decided. Nothing here knows
+pure decision in `core.fencing`, write what it decided. Nothing here knows
 which database answers.
 """
 
@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import decisions
-from proxy.decisions import AdmissionRequest, Admit, Grant, Replay
-from proxy.records import (
+from core import fencing
+from core.fencing import AdmissionRequest, Admit, Grant, Replay
+from core.probing import check_resolvable
+from core.records import (
     EffectEvent,
     EffectRecord,
     EffectState,
@@ -26,8 +27,7 @@ from proxy.records import (
     ResourceState,
     StoredResponse,
 )
-from proxy.store.base import Connector, Row, Tx
-from reconcile.decisions import check_resolvable
+from store.base import Connector, Row, Tx
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Store:
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             state = await _resource_state(tx, resource, lock=True)
-            decision = decisions.decide_acquire(state, ttl_s, tx.now)
+            decision = fencing.decide_acquire(state, ttl_s, tx.now)
             if isinstance(decision, Refusal):
                 return decision
             await _grant(tx, resource, holder, token_hash, decision)
@@ -108,7 +108,7 @@ class Store:
     async def renew(self, token_hash: str, ttl_s: float) -> tuple[LeaseRecord, float] | Refusal:
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             lease, state = await _lease_and_state(tx, token_hash)
-            refusal = decisions.decide_renew(lease, state, tx.now)
+            refusal = fencing.decide_renew(lease, state, tx.now)
             if refusal is not None:
                 return refusal
             assert lease is not None
@@ -126,7 +126,7 @@ class Store:
     async def release(self, token_hash: str) -> LeaseRecord | Refusal:
         async def operation(tx: Tx) -> LeaseRecord | Refusal:
             lease, state = await _lease_and_state(tx, token_hash)
-            refusal = decisions.decide_release(lease, state, tx.now)
+            refusal = fencing.decide_release(lease, state, tx.now)
             if refusal is not None:
                 return refusal
             assert lease is not None
@@ -200,7 +200,7 @@ class Store:
                 new.upstream_timeout_s,
                 new.upstream_idempotent,
             )
-            decision = decisions.decide_admission(request, lease, state, existing, tx.now)
+            decision = fencing.decide_admission(request, lease, state, existing, tx.now)
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxy.store.base import StoreError, StoreUnavailable
-from proxy.store.manager import Admitted, LeaseView, NewEffect, Store
-from proxy.store.postgres import PostgresConnector
-from proxy.store.sqlite import SQLiteConnector
+from store.base import StoreError, StoreUnavailable
+from store.manager import Admitted, LeaseView, NewEffect, Store
+from store.postgres import PostgresConnector
+from store.sqlite import SQLiteConnector
 
 
 def open_store(

@@ -26,8 +26,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from proxy.store.base import Operation, Row, StoreError, StoreUnavailable, T
-from proxy.store.queries import load_migrations, load_queries
+from store.base import Operation, Row, StoreError, StoreUnavailable, T
+from store.queries import load_migrations, load_queries
 
 MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.records import EffectState
 from policies import Outcome, StatusRules
-from proxy.records import EffectState
 
 
 @dataclass(frozen=True)

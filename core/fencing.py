@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from proxy.records import (
+from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,

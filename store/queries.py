@@ -9,7 +9,7 @@ _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
 
 def load_queries(filename: str) -> dict[str, str]:
-    text = resources.files("proxy.store").joinpath(filename).read_text(encoding="utf-8")
+    text = resources.files("store").joinpath(filename).read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     queries: dict[str, str] = {}
@@ -21,7 +21,7 @@ def load_queries(filename: str) -> dict[str, str]:
 
 def load_migrations(backend: str) -> list[tuple[int, str, str]]:
     """(version, name, sql) for every `NNNN_name.sql` of a backend, in order."""
-    folder = resources.files("proxy.store").joinpath("migrations", backend)
+    folder = resources.files("store").joinpath("migrations", backend)
     found = []
     for entry in folder.iterdir():
         match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)

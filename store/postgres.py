@@ -16,8 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from proxy.store.base import Operation, Row, StoreError, StoreUnavailable, T
-from proxy.store.queries import load_migrations, load_queries
+from store.base import Operation, Row, StoreError, StoreUnavailable, T
+from store.queries import load_migrations, load_queries
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from core.records import EffectRecord, EffectState, Refusal
 from policies import Outcome, Reconcile
-from proxy.records import EffectRecord, EffectState, Refusal
 
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
