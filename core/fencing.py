@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from core.lifecycle import BLOCKING
 from core.records import (
     EffectState,
     IdempotencyRecord,
@@ -63,10 +64,11 @@ def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Re
                 "retry_after_s": max(1, math.ceil(current.expires_at - now)),
             },
         )
-    if state.in_doubt:
+    blocking = state.blocking()
+    if blocking:
         # A write may still land (or may have landed) under the old epoch: a successor
         # must not start from a state nobody knows yet.
-        return _blocked(state)
+        return _blocked(state, blocking)
     return Grant(state.next_epoch(), now + ttl_s)
 
 
@@ -125,31 +127,34 @@ def decide_admission(
         return refusal
     assert lease is not None and state is not None
     resends: tuple[str, ...] = ()
-    if state.unknown_effects:
-        if not _may_resend(request, state):
-            return _blocked(state)
-        resends = state.unknown_effects
-    if existing is not None and existing.expires_at > now:
+    blocking = state.blocking(lease.epoch)
+    if blocking:
+        if not _may_resend(request, state, blocking):
+            return _blocked(state, blocking)
+        resends = blocking
+    dispatching = state.in_state(EffectState.DISPATCHING)
+    key = request.idempotency_key
+    # A key whose effect is being forwarded, whatever its record says (it may have
+    # been freed by contradicting evidence, or outlived its retention).
+    in_flight = next((e for e in dispatching if key is not None and e.idempotency_key == key), None)
+    if in_flight is not None:
+        if in_flight.fingerprint != request.fingerprint:
+            return _key_reused(request, in_flight.id)
+        return _in_progress(request, in_flight.id)
+    if existing is not None and _retained(existing, now):
         if existing.fingerprint != request.fingerprint:
-            return Refusal(
-                "idempotency_key_reused",
-                "this Idempotency-Key was used for a different request",
-                {"resource": request.resource, "effect_id": existing.effect_id},
-            )
+            return _key_reused(request, existing.effect_id)
         if existing.effect_state is EffectState.DISPATCHING:
-            return Refusal(
-                "request_in_progress",
-                "a request with this Idempotency-Key is being forwarded now",
-                {"resource": request.resource, "effect_id": existing.effect_id},
-            )
+            return _in_progress(request, existing.effect_id)
         if existing.effect_state is EffectState.COMMITTED:
             return Replay(existing)
-    if len(state.dispatching_effects) >= request.max_in_flight:
+        if existing.effect_state in BLOCKING and existing.effect_id not in resends:
+            return _blocked(state, (existing.effect_id,))
+    if len(dispatching) >= request.max_in_flight:
         return Refusal(
             "effect_in_flight",
-            f"{request.resource} already has {len(state.dispatching_effects)} "
-            "request(s) being forwarded",
-            {"resource": request.resource, "in_flight": list(state.dispatching_effects)},
+            f"{request.resource} already has {len(dispatching)} request(s) being forwarded",
+            {"resource": request.resource, "in_flight": [e.id for e in dispatching]},
         )
     remaining = lease.expires_at - now
     if remaining < request.upstream_timeout_s:
@@ -162,21 +167,47 @@ def decide_admission(
     return Admit(resends)
 
 
-def _may_resend(request: AdmissionRequest, state: ResourceState) -> bool:
+def _retained(record: IdempotencyRecord, now: float) -> bool:
+    """A key is kept while its effect is unsettled, and for `retain_s` after settling."""
+    if record.effect_state in BLOCKING or record.expires_at is None:
+        return True
+    return now < record.expires_at
+
+
+def _key_reused(request: AdmissionRequest, effect_id: str) -> Refusal:
+    return Refusal(
+        "idempotency_key_reused",
+        "this Idempotency-Key was used for a different request",
+        {"resource": request.resource, "effect_id": effect_id},
+    )
+
+
+def _in_progress(request: AdmissionRequest, effect_id: str) -> Refusal:
+    return Refusal(
+        "request_in_progress",
+        "a request with this Idempotency-Key is being forwarded now",
+        {"resource": request.resource, "effect_id": effect_id},
+    )
+
+
+def _may_resend(request: AdmissionRequest, state: ResourceState, blocking: tuple[str, ...]) -> bool:
     """An upstream that deduplicates by key applies a resent operation at most once, so
-    resending the very operation in doubt (same key, same request) settles it safely."""
+    resending the very operation in doubt (same key, same request) settles it safely.
+    Never over a conflict: that is an operator's to decide."""
     if not request.upstream_idempotent or request.idempotency_key is None:
         return False
     operation = (request.idempotency_key, request.fingerprint)
-    return all(unknown == operation for unknown in state.unknown_operations) and len(
-        state.unknown_operations
-    ) == len(state.unknown_effects)
+    blockers = [e for e in state.open_effects if e.id in blocking]
+    return all(
+        e.state is EffectState.UNKNOWN and (e.idempotency_key, e.fingerprint) == operation
+        for e in blockers
+    )
 
 
-def _blocked(state: ResourceState) -> Refusal:
+def _blocked(state: ResourceState, blocking: tuple[str, ...]) -> Refusal:
     return Refusal(
         "resource_blocked",
-        f"{state.resource} has effects whose outcome is not known yet; "
+        f"{state.resource} has effects whose outcome is not known yet or is disputed; "
         "it stays blocked until they are reconciled",
-        {"resource": state.resource, "effect_ids": list(state.in_doubt)},
+        {"resource": state.resource, "effect_ids": list(blocking)},
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.records import EffectState
+from core.lifecycle import Event
 from policies import Outcome, StatusRules
 
 
@@ -35,18 +35,18 @@ class Lost:
 
 DispatchResult = Answered | NotSent | Lost
 
-_STATE_BY_OUTCOME = {
-    Outcome.COMMITTED: EffectState.COMMITTED,
-    Outcome.NOT_COMMITTED: EffectState.NOT_COMMITTED,
-    Outcome.UNKNOWN: EffectState.UNKNOWN,
+_EVENT_BY_OUTCOME = {
+    Outcome.COMMITTED: Event.ANSWERED_COMMITTED,
+    Outcome.NOT_COMMITTED: Event.ANSWERED_NOT_COMMITTED,
+    Outcome.UNKNOWN: Event.LOST,
 }
 
 
-def settle_dispatch(result: DispatchResult, rules: StatusRules) -> tuple[EffectState, str]:
-    """The effect's state after one dispatch, and the reason recorded with it."""
+def receipt_event(result: DispatchResult, rules: StatusRules) -> tuple[Event, str]:
+    """The lifecycle event one dispatch produced, and the reason recorded with it."""
     if isinstance(result, Answered):
         outcome = rules.classify(result.status)
-        return _STATE_BY_OUTCOME[outcome], f"upstream answered {result.status} ({outcome.value})"
+        return _EVENT_BY_OUTCOME[outcome], f"upstream answered {result.status} ({outcome.value})"
     if isinstance(result, NotSent):
-        return EffectState.NOT_SENT, f"not sent: {result.reason}"
-    return EffectState.UNKNOWN, f"outcome unknown: {result.reason}"
+        return Event.NOT_SENT, f"not sent: {result.reason}"
+    return Event.LOST, f"outcome unknown: {result.reason}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from core.lifecycle import RESOLVABLE, Event
 from core.records import EffectRecord, EffectState, Refusal
 from policies import Outcome, Reconcile
 
@@ -27,10 +28,24 @@ class Conclusion(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
+_EVENT_BY_CONCLUSION = {
+    Conclusion.COMMITTED: Event.PROBE_COMMITTED,
+    Conclusion.NOT_COMMITTED: Event.PROBE_NOT_COMMITTED,
+    Conclusion.INCONCLUSIVE: Event.PROBE_INCONCLUSIVE,
+}
+
+
 @dataclass(frozen=True)
 class Verdict:
     conclusion: Conclusion
     detail: str
+    # An early "not committed", inside the settle window: it does not use up an attempt,
+    # so that `attempts: 1` still gets its one probe after the window.
+    early: bool = False
+
+    @property
+    def event(self) -> Event:
+        return _EVENT_BY_CONCLUSION[self.conclusion]
 
 
 def judge_probe(
@@ -38,20 +53,24 @@ def judge_probe(
     error: str | None,
     reconcile: Reconcile,
     dispatched_at: float,
-    now: float,
+    asked_at: float,
 ) -> Verdict:
+    """What an answer proves. The settle window is judged at the time the probe was
+    *asked*: a "not found" asked inside the window proves nothing, however late it
+    arrives, because the write may have landed between the lookup and the answer."""
     if status is None:
         return Verdict(Conclusion.INCONCLUSIVE, f"probe failed: {error}")
     outcome = reconcile.rules.classify(status)
     if outcome is Outcome.COMMITTED:
         return Verdict(Conclusion.COMMITTED, f"probe answered {status}: committed")
     if outcome is Outcome.NOT_COMMITTED:
-        waited = now - dispatched_at
+        waited = asked_at - dispatched_at
         if waited < reconcile.settle_s:
             return Verdict(
                 Conclusion.INCONCLUSIVE,
-                f"probe answered {status} only {waited:.2f}s after dispatch; "
+                f"probe answered {status}, asked only {waited:.2f}s after dispatch; "
                 f"not believed before settle_s={reconcile.settle_s:g}s",
+                early=True,
             )
         return Verdict(Conclusion.NOT_COMMITTED, f"probe answered {status}: not committed")
     return Verdict(Conclusion.INCONCLUSIVE, f"probe answered {status}, which proves nothing")
@@ -70,8 +89,8 @@ def next_probe_at(
 def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
     """May an outcome be recorded for this effect now?"""
     context = {"effect_id": effect.id, "state": effect.state.value}
-    if effect.state is EffectState.UNKNOWN:
-        return None
+    if effect.state not in RESOLVABLE:
+        return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)
     if effect.state is EffectState.DISPATCHING:
         if now > effect.deadline + DEADLINE_MARGIN_S:
             return None
@@ -81,4 +100,4 @@ def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
             f"({effect.deadline - now + DEADLINE_MARGIN_S:.1f}s)",
             context,
         )
-    return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)
+    return None

@@ -13,9 +13,8 @@ class EffectState(StrEnum):
     NOT_COMMITTED = "NOT_COMMITTED"
     NOT_SENT = "NOT_SENT"
     UNKNOWN = "UNKNOWN"
-
-
-IN_DOUBT = (EffectState.DISPATCHING, EffectState.UNKNOWN)
+    # Evidence contradicts how the effect was settled: an operator must decide.
+    CONFLICTING = "CONFLICTING"
 
 
 @dataclass(frozen=True)
@@ -42,16 +41,24 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class OpenEffect:
+    """An effect of a resource that is not settled: DISPATCHING, UNKNOWN or CONFLICTING."""
+
+    id: str
+    state: EffectState
+    epoch: int
+    idempotency_key: str | None
+    fingerprint: str
+
+
+@dataclass(frozen=True)
 class ResourceState:
     """What the store knows of one resource at the start of a transaction."""
 
     resource: str
     epoch: int  # the highest epoch ever issued for it; 0 if never leased
     lease: LeaseRecord | None  # the lease at `epoch`, if that epoch was a grant
-    unknown_effects: tuple[str, ...]
-    dispatching_effects: tuple[str, ...]
-    # (idempotency key, fingerprint) of each UNKNOWN effect, in the same order.
-    unknown_operations: tuple[tuple[str | None, str], ...] = ()
+    open_effects: tuple[OpenEffect, ...] = ()  # in creation order
     # No epoch at or below this is ever issued (raised by fence-restore).
     epoch_floor: int = 0
 
@@ -61,9 +68,19 @@ class ResourceState:
     def next_epoch(self) -> int:
         return max(self.epoch, self.epoch_floor) + 1
 
-    @property
-    def in_doubt(self) -> tuple[str, ...]:
-        return self.unknown_effects + self.dispatching_effects
+    def in_state(self, state: EffectState) -> tuple[OpenEffect, ...]:
+        return tuple(effect for effect in self.open_effects if effect.state is state)
+
+    def blocking(self, holder_epoch: int | None = None) -> tuple[str, ...]:
+        """The one definition of "blocked": the effects that keep anyone new from acting
+        on the resource. A write in doubt or in dispute may have landed; a write being
+        forwarded may still land. The lease holder at `holder_epoch` is not blocked by its
+        own requests in flight (`max_in_flight` bounds those)."""
+        return tuple(
+            effect.id
+            for effect in self.open_effects
+            if effect.state is not EffectState.DISPATCHING or effect.epoch != holder_epoch
+        )
 
 
 @dataclass(frozen=True)
@@ -81,7 +98,8 @@ class IdempotencyRecord:
     effect_id: str
     effect_state: EffectState
     epoch: int
-    expires_at: float
+    # Retention runs from settlement: None while the effect is not settled.
+    expires_at: float | None
     response: StoredResponse | None
     # Who settled the effect when no response was ever seen ("probe", "operator:NAME").
     settled_by: str | None = None

@@ -14,24 +14,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from core.fencing import Replay
-from core.outcomes import Answered, Lost, NotSent, settle_dispatch
 from core.probing import DEADLINE_MARGIN_S
-from core.records import EffectState, IdempotencyRecord, StoredResponse
-from policies import RESOURCE_RE, Policy, RouteMatch
-from proxy import control, forwarding
-from proxy.problems import ProblemError, problem, refusal_response
+from policies import Policy, RouteMatch
+from proxy import control, fenced, forwarding
+from proxy.problems import ProblemError, problem
 from proxy.requests import (
     check_header_sizes,
-    fingerprint,
-    idempotency_key,
     read_body,
-    single_header,
 )
 from proxy.runtime import RUNTIME, Runtime, runtime_of
-from proxy.tokens import token_hash, well_formed
 from reconcile.prober import Reconciler
-from store import Admitted, NewEffect, Store, StoreUnavailable, open_store
+from store import Store, StoreUnavailable, open_store
 
 log = logging.getLogger("fenceproxy")
 
@@ -100,6 +93,10 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
                     log.info("removed %d expired idempotency records", removed)
             except StoreUnavailable as exc:
                 log.warning("idempotency garbage collection failed: %s", exc)
+            except Exception:
+                # The collector must outlive any one failed round.
+                app[RUNTIME].metrics.count_background_failure("collector")
+                log.exception("idempotency garbage collection failed")
             await asyncio.sleep(GC_INTERVAL_S)
 
     task = asyncio.create_task(collect_forever(), name="idempotency-gc")
@@ -118,6 +115,7 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         runtime.policy,
         DEADLINE_MARGIN_S,
         on_probe=runtime.metrics.count_probe,
+        on_failure=lambda: runtime.metrics.count_background_failure("reconciler"),
     )
     runtime.reconciler = reconciler
     task = asyncio.create_task(reconciler.run(), name="reconciler")
@@ -162,13 +160,19 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
+    if not request.raw_path.startswith("/"):
+        # An absolute-form target (a client using the proxy as its HTTP_PROXY) or "*"
+        # names no route of ours and cannot be forwarded as is: refused before anything.
+        raise ProblemError(
+            "invalid_request", "the request target must be a path (origin-form, /...)"
+        )
     if request.path.startswith("/_fence/"):
         raise ProblemError("no_route", f"no control endpoint {request.method} {request.path}")
     match = runtime.policy.match(request.method, request.path)
     if match is None:
         raise ProblemError("no_route", f"no route matches {request.method} {request.path}")
     if match.route.fenced:
-        return await _fenced(request, match, runtime)
+        return await fenced.handle(request, match, runtime)
     return await _pass_through(request, match, runtime)
 
 
@@ -203,143 +207,3 @@ async def _pass_through(
         return problem(
             "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
         )
-
-
-async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> web.StreamResponse:
-    route = match.route
-    assert route.resource is not None
-    resource = route.resource.render(match.params)
-    if not RESOURCE_RE.match(resource):
-        raise ProblemError("invalid_request", "the path names no valid resource", route=route.name)
-    try:
-        token = single_header(request, "Fence-Token")
-        if token is None:
-            raise ProblemError("missing_token", f"route {route.name} needs a Fence-Token header")
-        if not well_formed(token):
-            raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
-        key = idempotency_key(request)
-        if key is None and route.idempotency.required:
-            raise ProblemError(
-                "missing_idempotency_key", f"route {route.name} needs an Idempotency-Key header"
-            )
-        body = await read_body(request, route.max_body_bytes)
-    except ProblemError as exc:
-        exc.context.update(route=route.name, resource=resource)
-        raise
-    new = NewEffect(
-        route=route.name,
-        resource=resource,
-        idempotency_key=key,
-        fingerprint=fingerprint(request.method, request.path, request.query_string, body),
-        method=request.method,
-        path=request.path,
-        max_in_flight=route.max_in_flight,
-        upstream_timeout_s=route.upstream.timeout_s,
-        retain_s=route.idempotency.retain_s,
-        upstream_idempotent=route.upstream_idempotent,
-    )
-    decision = await runtime.store.admit(token_hash(token), new)
-    if isinstance(decision, Admitted):
-        # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
-        # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
-        return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
-    if isinstance(decision, Replay):
-        runtime.metrics.count_request(route.name, "replayed")
-        return _replay(decision.record)
-    runtime.metrics.count_request(route.name, "refused")
-    runtime.metrics.count_refusal(decision.code)  # recorded by the admission itself
-    return refusal_response(decision)
-
-
-async def _dispatch_admitted(
-    request: web.Request, match: RouteMatch, runtime: Runtime, admitted: Admitted, body: bytes
-) -> web.StreamResponse:
-    route = match.route
-    effect = admitted.effect
-    fence = {
-        "Fence-Epoch": str(effect.epoch),
-        "Fence-Resource": effect.resource,
-        "Fence-Effect-Id": effect.id,
-    }
-    assert runtime.session is not None
-    started = time.monotonic()
-    result, answer = await forwarding.dispatch(
-        runtime.session,
-        route.upstream,
-        request.method,
-        forwarding.upstream_url(route.upstream, request),
-        forwarding.upstream_headers(request, fence if route.forward_fence_headers else None),
-        body,
-    )
-    runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
-    if isinstance(result, Lost) and runtime.shutting_down:
-        result = Lost("the proxy shut down (grace period over) before the answer arrived")
-    state, reason = settle_dispatch(result, route.outcomes)
-    runtime.metrics.count_request(route.name, state.value.lower())
-    stored = None
-    if state is EffectState.COMMITTED and answer is not None:
-        kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
-        stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
-    upstream_status = result.status if isinstance(result, Answered) else None
-    try:
-        await runtime.store.finish_effect(
-            effect.id, state, upstream_status, reason, stored, admitted.resends
-        )
-    except StoreUnavailable:
-        # The effect stays DISPATCHING in the store and is treated as in doubt; the
-        # worker must not be told an outcome the store does not hold.
-        return problem(
-            "store_unavailable",
-            "the upstream answered but the receipt could not be recorded; "
-            "the effect is in doubt until reconciled",
-            headers=fence,
-            effect_id=effect.id,
-        )
-    if state is EffectState.UNKNOWN:
-        if runtime.reconciler is not None:
-            runtime.reconciler.wake.set()
-        return problem(
-            "outcome_unknown",
-            f"{reason}; {effect.resource} is blocked until the effect is reconciled",
-            headers=fence,
-            effect_id=effect.id,
-            resource=effect.resource,
-            epoch=effect.epoch,
-            upstream_status=upstream_status,
-        )
-    if isinstance(result, NotSent) or answer is None:
-        return problem(
-            "upstream_unreachable",
-            f"{reason}; nothing was sent, the operation can be retried",
-            headers=fence,
-            effect_id=effect.id,
-        )
-    headers = answer.headers.copy()
-    headers.update(fence)
-    return web.Response(status=answer.status, headers=headers, body=answer.body)
-
-
-def _replay(record: IdempotencyRecord) -> web.Response:
-    fence = {
-        "Fence-Epoch": str(record.epoch),
-        "Fence-Resource": record.resource,
-        "Fence-Effect-Id": record.effect_id,
-        "Idempotent-Replayed": "true",
-    }
-    if record.response is None:
-        # Settled by a probe or an operator: committed, but no response was ever seen.
-        return web.json_response(
-            {
-                "replayed": True,
-                "effect_id": record.effect_id,
-                "state": record.effect_state.value,
-                "settled_by": record.settled_by,
-                "detail": "the operation was committed, as established by reconciliation; "
-                "the upstream's response was never seen, so there is none to replay",
-            },
-            status=200,
-            headers=fence,
-        )
-    headers = dict(record.response.headers)
-    headers.update(fence)
-    return web.Response(status=record.response.status, headers=headers, body=record.response.body)

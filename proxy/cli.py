@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from core.lifecycle import BLOCKING
 from core.probing import DEADLINE_MARGIN_S
-from core.records import IN_DOUBT, EffectEvent, EffectRecord, EffectState, Refusal
+from core.records import EffectEvent, EffectRecord, EffectState, Refusal
 from policies import RESOURCE_RE, ConfigError, Policy
 from proxy.app import build_app, new_instance_id
 from proxy.forwarding import new_client_session
@@ -342,7 +343,7 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         found = []
         for effect in await store.in_doubt():
             current, events = await store.effect_with_events(effect.id)
-            if current is not None and current.state in IN_DOUBT:
+            if current is not None and current.state in BLOCKING:
                 found.append((current, events[-1] if events else None))
         return found
 
@@ -383,7 +384,9 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         "probes",
         "last result",
     ]
-    blocked = sorted({e.resource for e, _ in found if e.state is EffectState.UNKNOWN})
+    blocked = sorted(
+        {e.resource for e, _ in found if e.state in (EffectState.UNKNOWN, EffectState.CONFLICTING)}
+    )
     if args.json:
         _print(args, {"blocked_resources": blocked, "in_doubt": data}, [], [])
         return 0

@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from core.records import EffectState
 from store import Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -33,6 +34,12 @@ class Metrics:
             ["conclusion"],
             registry=self.registry,
         )
+        self.background_failures = Counter(
+            "fenceproxy_background_failures",
+            "Rounds of a background loop (reconciler, collector) that failed unexpectedly",
+            ["loop"],
+            registry=self.registry,
+        )
         self.upstream_latency = Histogram(
             "fenceproxy_upstream_latency_seconds",
             "Time from sending a request upstream to its complete answer",
@@ -45,12 +52,12 @@ class Metrics:
         )
         self.blocked = Gauge(
             "fenceproxy_blocked_resources",
-            "Resources with an UNKNOWN effect",
+            "Resources with an UNKNOWN or CONFLICTING effect (waiting for reconciliation)",
             registry=self.registry,
         )
         self.oldest_in_doubt = Gauge(
             "fenceproxy_oldest_in_doubt_age_seconds",
-            "Age of the oldest DISPATCHING or UNKNOWN effect (0 when none)",
+            "Age of the oldest DISPATCHING, UNKNOWN or CONFLICTING effect (0 when none)",
             registry=self.registry,
         )
 
@@ -74,13 +81,16 @@ class Metrics:
     def count_probe(self, conclusion: str) -> None:
         self._child(self.probes, conclusion).inc()
 
+    def count_background_failure(self, loop: str) -> None:
+        self._child(self.background_failures, loop).inc()
+
     def observe_upstream(self, route: str, seconds: float) -> None:
         self._child(self.upstream_latency, route).observe(seconds)
 
     async def render(self, store: Store) -> bytes:
         by_state, blocked, oldest_age = await store.counts()
-        for state in ("DISPATCHING", "COMMITTED", "NOT_COMMITTED", "NOT_SENT", "UNKNOWN"):
-            self.effects.labels(state).set(by_state.get(state, 0))
+        for state in EffectState:
+            self.effects.labels(state.value).set(by_state.get(state.value, 0))
         self.blocked.set(blocked)
         self.oldest_in_doubt.set(oldest_age)
         return generate_latest(self.registry)

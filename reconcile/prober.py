@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
-from core.records import EffectRecord, EffectState
+from core.records import EffectRecord
 from policies import Policy, Route
 from store import Store, StoreUnavailable
 
@@ -28,11 +29,6 @@ log = logging.getLogger("fenceproxy.reconcile")
 POLL_INTERVAL_S = 0.2
 CLAIM_BATCH = 16
 SWEEP_INTERVAL_S = 1.0
-
-_SETTLES = {
-    Conclusion.COMMITTED: EffectState.COMMITTED,
-    Conclusion.NOT_COMMITTED: EffectState.NOT_COMMITTED,
-}
 
 
 @dataclass(frozen=True)
@@ -83,17 +79,21 @@ async def probe_effect(
     route = policy.route_named(effect.route)
     if route is None or route.reconcile is None:
         detail = "the route has no reconcile block: an operator must resolve this effect"
-        recorded = await store.record_probe(effect.id, None, "no_probe", detail, None, None)
+        recorded = await store.record_probe(
+            effect.id, Event.PROBE_INCONCLUSIVE, None, detail, None, conclusion="no_probe"
+        )
         return ProbeResult(recorded, "no_probe", detail)
+    # The settle window is judged at the time of asking, on the authority's clock.
+    asked_at = await store.now()
     status, error = await ask_upstream(session, route, effect)
-    now = await store.now()
-    verdict = judge_probe(status, error, route.reconcile, effect.created_at, now)
-    settles = _SETTLES.get(verdict.conclusion)
+    verdict = judge_probe(status, error, route.reconcile, effect.created_at, asked_at)
     retry_at = None
-    if settles is None:
-        retry_at = next_probe_at(effect.probe_attempts + 1, route.reconcile, effect.created_at, now)
+    counted = not verdict.early
+    if verdict.conclusion is Conclusion.INCONCLUSIVE:
+        attempts = effect.probe_attempts + (1 if counted else 0)
+        retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, await store.now())
     recorded = await store.record_probe(
-        effect.id, status, verdict.conclusion.value, verdict.detail, retry_at, settles
+        effect.id, verdict.event, status, verdict.detail, retry_at, counted=counted
     )
     log.info("probe of %s (%s): %s", effect.id, effect.resource, verdict.detail)
     return ProbeResult(recorded, verdict.conclusion.value, verdict.detail)
@@ -109,16 +109,19 @@ class Reconciler:
         policy: Policy,
         deadline_margin_s: float,
         on_probe: Callable[[str], None] = lambda conclusion: None,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.session = session
         self.policy = policy
         self.deadline_margin_s = deadline_margin_s
         self.on_probe = on_probe
+        self.on_failure = on_failure
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
         last_sweep = 0.0
+        failures = 0
         while True:
             try:
                 now = time.monotonic()
@@ -128,10 +131,19 @@ class Reconciler:
                     if swept:
                         log.warning("effects past their deadline now UNKNOWN: %s", swept)
                 await self.probe_due()
+                failures = 0
             except StoreUnavailable as exc:
+                failures += 1
                 log.warning("reconciliation paused, store unavailable: %s", exc)
+            except Exception:
+                # Whatever went wrong, the loop must live on: effects in doubt are only
+                # ever settled by it (or an operator).
+                failures += 1
+                self.on_failure()
+                log.exception("reconciliation round failed")
+            pause = POLL_INTERVAL_S * 2 ** min(failures, 5) if failures else POLL_INTERVAL_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), POLL_INTERVAL_S)
+                await asyncio.wait_for(self.wake.wait(), pause)
             self.wake.clear()
 
     async def probe_due(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from store.base import StoreError, StoreUnavailable
-from store.manager import Admitted, LeaseView, NewEffect, Store
+from store.manager import Admitted, LeaseView, NewEffect, Receipt, Store
 from store.postgres import PostgresConnector
 from store.sqlite import SQLiteConnector
 
@@ -29,6 +29,7 @@ __all__ = [
     "Admitted",
     "LeaseView",
     "NewEffect",
+    "Receipt",
     "Store",
     "StoreError",
     "StoreUnavailable",

@@ -1,7 +1,8 @@
 """Domain operations on the authority's records.
 
 Each public method is one transaction: load records with named queries, ask a
-pure decision in `core.fencing`, write what it decided. Nothing here knows
+pure decision in `core.fencing` or a step of `core.lifecycle`'s table, write what
+it decided, checking that every guarded update changed the row it was decided on. Nothing here knows
 which database answers.
 """
 
@@ -13,8 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from core import fencing
+from core import fencing, lifecycle
 from core.fencing import AdmissionRequest, Admit, Grant, Replay
+from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
 from core.records import (
     EffectEvent,
@@ -22,12 +24,13 @@ from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,
+    OpenEffect,
     Refusal,
     Rejection,
     ResourceState,
     StoredResponse,
 )
-from store.base import Connector, Row, Tx
+from store.base import Connector, Row, StoreError, Tx
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,17 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """What recording a dispatch's outcome did: the lifecycle step taken, and the
+    effect as it stands after it (the worker's answer follows from both)."""
+
+    transition: Transition
+    effect: EffectRecord
+    # Another effect that holds the operation's key now (named in a conflict).
+    key_holder: str | None = None
+
+
+@dataclass(frozen=True)
 class LeaseView:
     resource: str
     epoch: int
@@ -72,6 +86,10 @@ class LeaseView:
             "blocked": self.blocked,
             "in_doubt": list(self.in_doubt),
         }
+
+
+# Effects admitted before retention ran from settlement did not record their route's.
+DEFAULT_RETAIN_S = 86400.0
 
 
 class Store:
@@ -170,8 +188,8 @@ class Store:
                 holder=current.holder if current else None,
                 expires_at=current.expires_at if current else None,
                 live=bool(current and current.live(tx.now)),
-                blocked=bool(state.unknown_effects),
-                in_doubt=state.in_doubt,
+                blocked=bool(state.blocking()),
+                in_doubt=state.blocking(),
             )
 
         return await self.connector.read(operation)
@@ -251,8 +269,12 @@ class Store:
                 instance_id=effect.instance_id,
                 created_at=effect.created_at,
                 deadline=effect.deadline,
+                retain_s=new.retain_s,
             )
-            if new.idempotency_key is not None:
+            # A resend leaves the key with the operation in doubt it resends, so that
+            # the resend's own failure to connect cannot free it.
+            resending = existing is not None and existing.effect_id in decision.resends
+            if new.idempotency_key is not None and not resending:
                 await tx.execute(
                     "claim_idempotency_key",
                     resource=new.resource,
@@ -260,7 +282,6 @@ class Store:
                     fingerprint=new.fingerprint,
                     effect_id=effect.id,
                     epoch=lease.epoch,
-                    expires_at=tx.now + new.retain_s,
                 )
             return Admitted(effect, decision.resends)
 
@@ -269,60 +290,48 @@ class Store:
     async def finish_effect(
         self,
         effect_id: str,
-        state: EffectState,
+        event: Event,
         upstream_status: int | None,
-        reason: str | None,
+        reason: str,
         response: StoredResponse | None,
         resends: tuple[str, ...] = (),
-    ) -> None:
-        """Record the receipt. A committed response is kept for replays; a key whose
-        request provably did not take effect is freed so the holder can send it again.
-        A definite answer to a resend settles the effects in doubt it resent."""
+    ) -> Receipt:
+        """Record a dispatch's receipt, as core/lifecycle.py says. A definite answer to a
+        resend settles the effects in doubt it resent."""
+        assert event in lifecycle.RECEIPTS
 
-        async def operation(tx: Tx) -> None:
-            if state is EffectState.UNKNOWN:
-                await _insert_event(
-                    tx,
-                    effect_id,
-                    "dispatch",
-                    self.instance_id,
-                    upstream_status,
-                    "unknown",
-                    reason or "outcome unknown",
-                )
-            if state in (EffectState.COMMITTED, EffectState.NOT_COMMITTED):
+        async def operation(tx: Tx) -> Receipt:
+            resent_as = {
+                Event.ANSWERED_COMMITTED: Event.RESEND_COMMITTED,
+                Event.ANSWERED_NOT_COMMITTED: Event.RESEND_NOT_COMMITTED,
+            }.get(event)
+            if resent_as is not None:
                 why = f"resent as {effect_id}, which the upstream answered {upstream_status}"
                 for earlier in resends:
-                    await _insert_event(
+                    await _apply(
                         tx,
                         earlier,
+                        resent_as,
                         "resend",
                         self.instance_id,
-                        upstream_status,
-                        state.value.lower(),
                         why,
+                        upstream_status,
+                        settled_by=f"resend:{effect_id}",
                     )
-                    await _settle(tx, earlier, state, f"resend:{effect_id}", why)
-            await tx.execute(
-                "finish_effect",
-                id=effect_id,
-                state=state.value,
-                finished_at=tx.now,
-                upstream_status=upstream_status,
-                reason=reason,
+            step = await _apply(
+                tx,
+                effect_id,
+                event,
+                "dispatch",
+                self.instance_id,
+                reason,
+                upstream_status,
+                response,
             )
-            if state is EffectState.COMMITTED and response is not None:
-                await tx.execute(
-                    "store_response",
-                    effect_id=effect_id,
-                    status=response.status,
-                    headers=json.dumps(response.headers),
-                    body=response.body,
-                )
-            elif state in (EffectState.NOT_COMMITTED, EffectState.NOT_SENT):
-                await tx.execute("free_idempotency_key", effect_id=effect_id)
+            assert step is not None and step.transition is not None
+            return Receipt(step.transition, step.effect, step.key_holder)
 
-        await self.connector.write(operation)
+        return await self.connector.write(operation)
 
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
@@ -350,27 +359,32 @@ class Store:
         process). Another live replica's in-flight requests are left alone.
         """
 
-        async def operation(tx: Tx) -> list[str]:
-            reasons: dict[str, str] = {}
-            cutoff = tx.now - margin_s
-            for row in await tx.all("overdue_dispatching_effects", cutoff=cutoff):
-                reasons[row["id"]] = "past its deadline with no receipt"
+        async def candidates(tx: Tx) -> dict[str, Event]:
+            found = {
+                row["id"]: Event.PAST_DEADLINE
+                for row in await tx.all("overdue_dispatching_effects", cutoff=tx.now - margin_s)
+            }
             if instance_id is not None:
                 own = await tx.all("dispatching_effects_of_instance", instance_id=instance_id)
-                for row in own:
-                    reasons[row["id"]] = "the proxy restarted while it was in flight"
-            marked = []
-            for effect_id, why in reasons.items():
-                # Another replica's sweep or the effect's own receipt may have got there
-                # first; only the transaction that changed the row records the change.
-                if await tx.execute("mark_unknown", id=effect_id, reason=why, now=tx.now):
-                    await _insert_event(
-                        tx, effect_id, "recover", self.instance_id, None, "unknown", why
-                    )
-                    marked.append(effect_id)
-            return marked
+                found.update({row["id"]: Event.RESTARTED for row in own})
+            return found
 
-        return await self.connector.write(operation)
+        why = {
+            Event.PAST_DEADLINE: "past its deadline with no receipt",
+            Event.RESTARTED: "the proxy restarted while it was in flight",
+        }
+        marked = []
+        for effect_id, event in sorted((await self.connector.read(candidates)).items()):
+            # One transaction each, under the resource's lock: the effect's own receipt
+            # or another replica's sweep may get there first, and then this one only
+            # writes the audit trail.
+            async def mark(tx: Tx, effect_id: str = effect_id, event: Event = event) -> bool:
+                step = await _apply(tx, effect_id, event, "recover", self.instance_id, why[event])
+                return step is not None and step.moved
+
+            if await self.connector.write(mark):
+                marked.append(effect_id)
+        return marked
 
     async def in_doubt(self, limit: int = 1000) -> list[EffectRecord]:
         async def operation(tx: Tx) -> list[EffectRecord]:
@@ -414,25 +428,45 @@ class Store:
     async def record_probe(
         self,
         effect_id: str,
+        event: Event,
         upstream_status: int | None,
-        conclusion: str,
         detail: str,
         next_probe_at: float | None,
-        settles: EffectState | None,
+        counted: bool = True,
+        conclusion: str | None = None,
     ) -> EffectRecord | None:
-        """Record one probe attempt; settle the effect if the answer was conclusive."""
+        """Record one probe answer as core/lifecycle.py says; an inconclusive one keeps
+        the effect UNKNOWN and schedules the next attempt (None: attempts used up)."""
 
         async def operation(tx: Tx) -> EffectRecord | None:
-            row = await tx.one("effect_for_update", id=effect_id)
-            if row is None or row["state"] != EffectState.UNKNOWN:
-                return _effect(row) if row else None
-            await tx.execute("record_probe_attempt", id=effect_id, next_probe_at=next_probe_at)
-            await _insert_event(
-                tx, effect_id, "probe", self.instance_id, upstream_status, conclusion, detail
+            row = await _locked_effect(tx, effect_id)
+            if row is None:
+                return None
+            inconclusive = event is Event.PROBE_INCONCLUSIVE
+            gave_up = False
+            if row["state"] == EffectState.UNKNOWN:
+                await tx.execute(
+                    "record_probe_attempt",
+                    id=effect_id,
+                    next_probe_at=next_probe_at if inconclusive else None,
+                    counted=1 if counted else 0,
+                )
+                gave_up = inconclusive and next_probe_at is None
+                row = await _effect_row(tx, effect_id)
+            step = await _apply(
+                tx,
+                effect_id,
+                event,
+                "probe",
+                self.instance_id,
+                detail,
+                upstream_status,
+                settled_by="probe",
+                row=row,
+                conclusion=conclusion,
             )
-            if settles is not None:
-                await _settle(tx, effect_id, settles, "probe", detail)
-            elif next_probe_at is None:
+            assert step is not None
+            if gave_up:
                 await _insert_event(
                     tx,
                     effect_id,
@@ -442,7 +476,7 @@ class Store:
                     "gave_up",
                     "no probe attempts left; an operator must resolve this effect",
                 )
-            return _effect(await tx.one("effect", id=effect_id) or row)
+            return step.effect
 
         return await self.connector.write(operation)
 
@@ -450,22 +484,24 @@ class Store:
         self, effect_id: str, outcome: EffectState, reason: str, operator: str
     ) -> EffectRecord | Refusal:
         """An operator's decision on an effect in doubt, recorded with who and why."""
+        event = {
+            EffectState.COMMITTED: Event.OPERATOR_COMMITTED,
+            EffectState.NOT_COMMITTED: Event.OPERATOR_NOT_COMMITTED,
+        }[outcome]
 
         async def operation(tx: Tx) -> EffectRecord | Refusal:
-            row = await tx.one("effect_for_update", id=effect_id)
+            row = await _locked_effect(tx, effect_id)
             if row is None:
                 return Refusal("not_found", f"no effect {effect_id}", {"effect_id": effect_id})
             refusal = check_resolvable(_effect(row), tx.now)
             if refusal is not None:
                 return refusal
             actor = f"operator:{operator}"
-            await _insert_event(
-                tx, effect_id, "resolve", actor, None, outcome.value.lower(), reason
+            step = await _apply(
+                tx, effect_id, event, "resolve", actor, reason, settled_by=actor, row=row
             )
-            await _settle(tx, effect_id, outcome, actor, reason)
-            settled = await tx.one("effect", id=effect_id)
-            assert settled is not None
-            return _effect(settled)
+            assert step is not None
+            return step.effect
 
         return await self.connector.write(operation)
 
@@ -549,27 +585,167 @@ def _new_effect_id() -> str:
 
 async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
     """The resource's records; `lock` first takes the resource's lock where the backend
-    needs one, so the decision made on them holds until the transaction ends."""
+    needs one, so the decision made on them holds until the transaction ends. Every
+    change to a resource's effects and keys takes the same lock, so what is read here
+    is one consistent view."""
     if lock:
-        locked = await tx.one("lock_resource", resource=resource)
-        if locked is not None:  # a backend whose lock can be waited for says when it got it
-            tx.now = float(locked["now"])
+        await _lock_resource(tx, resource)
     row = await tx.one("resource_state", resource=resource)
     assert row is not None  # the query always answers one row
     epoch = int(row["epoch"] or 0)
     lease = _lease(row) if row["holder"] is not None else None
-    in_doubt = await tx.all("effects_in_doubt", resource=resource)
-    unknown = [r for r in in_doubt if r["state"] == EffectState.UNKNOWN]
+    open_effects = tuple(
+        OpenEffect(
+            id=r["id"],
+            state=EffectState(r["state"]),
+            epoch=int(r["epoch"]),
+            idempotency_key=r["idempotency_key"],
+            fingerprint=r["fingerprint"],
+        )
+        for r in await tx.all("effects_in_doubt", resource=resource)
+    )
     return ResourceState(
         resource=resource,
         epoch=epoch,
         lease=lease,
-        unknown_effects=tuple(r["id"] for r in unknown),
-        dispatching_effects=tuple(
-            r["id"] for r in in_doubt if r["state"] == EffectState.DISPATCHING
-        ),
-        unknown_operations=tuple((r["idempotency_key"], r["fingerprint"]) for r in unknown),
+        open_effects=open_effects,
         epoch_floor=int(row["epoch_floor"] or 0),
+    )
+
+
+async def _lock_resource(tx: Tx, resource: str) -> None:
+    locked = await tx.one("lock_resource", resource=resource)
+    if locked is not None:  # a backend whose lock can be waited for says when it got it
+        tx.now = float(locked["now"])
+
+
+async def _effect_row(tx: Tx, effect_id: str) -> Row:
+    row = await tx.one("effect", id=effect_id)
+    assert row is not None
+    return row
+
+
+async def _locked_effect(tx: Tx, effect_id: str) -> Row | None:
+    """The effect's row, read under its resource's lock (taken first, as admission does,
+    so that the two never wait on each other in opposite orders)."""
+    row = await tx.one("effect", id=effect_id)
+    if row is None:
+        return None
+    await _lock_resource(tx, row["resource"])
+    return await tx.one("effect_for_update", id=effect_id)
+
+
+@dataclass(frozen=True)
+class _Step:
+    transition: Transition
+    effect: EffectRecord  # as it stands after the step
+    moved: bool
+    key_holder: str | None = None
+
+
+async def _apply(
+    tx: Tx,
+    effect_id: str,
+    event: Event,
+    kind: str,
+    actor: str,
+    detail: str,
+    upstream_status: int | None = None,
+    response: StoredResponse | None = None,
+    settled_by: str | None = None,
+    row: Row | None = None,
+    conclusion: str | None = None,
+) -> _Step | None:
+    """Apply one lifecycle event to an effect, as core/lifecycle.py's table says."""
+    if row is None:
+        row = await _locked_effect(tx, effect_id)
+        if row is None:
+            return None
+    before = _effect(row)
+    step = lifecycle.transition(before.state, event)
+    if step is None:
+        raise StoreError(f"{event.value} is not allowed on a {before.state.value} effect")
+    receipt = event in lifecycle.RECEIPTS
+    key_holder = None
+    if step.key is Key.HOLD and before.idempotency_key is not None:
+        holder = await tx.one(
+            "idempotency_record", resource=before.resource, key=before.idempotency_key
+        )
+        if holder is not None and holder["effect_id"] != effect_id:
+            key_holder = holder["effect_id"]
+    if step.record is Record.LATE:
+        detail = f"{detail} (the effect was already {before.state.value}; nothing changed)"
+    elif step.record is Record.CONFLICT:
+        detail = (
+            f"conflicting evidence: {detail}; the effect was "
+            f"{before.state.value} (settled by {before.settled_by or 'its receipt'})"
+            + (f"; its key is now held by {key_holder}" if key_holder else "")
+        )
+    moved = step.next is not before.state
+    if moved:
+        settles = step.next not in lifecycle.BLOCKING
+        changed = await tx.execute(
+            "transition_effect",
+            id=effect_id,
+            expected=before.state.value,
+            state=step.next.value,
+            finished_at=tx.now if receipt or settles else before.finished_at,
+            upstream_status=upstream_status if receipt else before.upstream_status,
+            reason=detail,
+            settled_by=settled_by if step.record is Record.SETTLED else before.settled_by,
+            next_probe_at=tx.now if step.next is EffectState.UNKNOWN else None,
+        )
+        if changed != 1:
+            raise StoreError(f"{effect_id} changed under its resource's lock; nothing recorded")
+    await _apply_key(tx, before, row, step, response if step.store_response else None, settled_by)
+    plain_receipt = (
+        receipt and step.record is Record.SETTLED and step.next is not EffectState.UNKNOWN
+    )
+    if not plain_receipt and step.record is not Record.NOTHING:
+        # The plain receipt is in the effect's row; everything else is history.
+        if conclusion is None:
+            conclusion = step.record.value
+            if step.record is Record.SETTLED:
+                inconclusive = event is Event.PROBE_INCONCLUSIVE
+                conclusion = "inconclusive" if inconclusive else step.next.value.lower()
+        await _insert_event(tx, effect_id, kind, actor, upstream_status, conclusion, detail)
+    after = _effect(await _effect_row(tx, effect_id)) if moved else before
+    return _Step(step, after, moved, key_holder)
+
+
+async def _apply_key(
+    tx: Tx,
+    effect: EffectRecord,
+    row: Row,
+    step: Transition,
+    response: StoredResponse | None,
+    settled_by: str | None,
+) -> None:
+    if effect.idempotency_key is None or step.key is Key.KEEP:
+        return
+    if step.key is Key.FREE:
+        await tx.execute("free_idempotency_key", effect_id=effect.id)
+        return
+    where = {
+        "resource": effect.resource,
+        "key": effect.idempotency_key,
+        "fingerprint": effect.fingerprint,
+        "effect_id": effect.id,
+        "epoch": effect.epoch,
+    }
+    if step.key is Key.HOLD:
+        await tx.execute("hold_idempotency_key", **where)
+        return
+    retain_s = row["retain_s"] if row["retain_s"] is not None else DEFAULT_RETAIN_S
+    await tx.execute(
+        "commit_idempotency_key",
+        **where,
+        expires_at=tx.now + float(retain_s),
+        status=response.status if response else None,
+        headers=json.dumps(response.headers) if response else None,
+        body=response.body if response else None,
+        # Who established it, when no response was ever seen to replay.
+        settled_by=None if response else (settled_by or "receipt"),
     )
 
 
@@ -596,23 +772,6 @@ async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Gra
         granted_at=tx.now,
         expires_at=grant.expires_at,
     )
-
-
-async def _settle(tx: Tx, effect_id: str, state: EffectState, settled_by: str, reason: str) -> None:
-    """Settle an effect in doubt: a committed one's key replays "committed by
-    reconciliation"; a not-committed one's key is freed so the holder may send again."""
-    await tx.execute(
-        "settle_effect",
-        id=effect_id,
-        state=state.value,
-        settled_by=settled_by,
-        reason=reason,
-        now=tx.now,
-    )
-    if state is EffectState.COMMITTED:
-        await tx.execute("mark_key_settled", effect_id=effect_id, settled_by=settled_by)
-    else:
-        await tx.execute("free_idempotency_key", effect_id=effect_id)
 
 
 async def _insert_event(
@@ -681,7 +840,7 @@ def _idempotency(row: Row | None) -> IdempotencyRecord | None:
         effect_id=row["effect_id"],
         effect_state=EffectState(row["effect_state"]),
         epoch=int(row["epoch"]),
-        expires_at=float(row["expires_at"]),
+        expires_at=float(row["expires_at"]) if row["expires_at"] is not None else None,
         response=response,
         settled_by=row["settled_by"],
     )

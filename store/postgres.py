@@ -21,6 +21,21 @@ from store.queries import load_migrations, load_queries
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3
+# Everything the driver raises when the connection, not the statement, failed: a
+# connection terminated mid-statement can surface as any of these (a killed backend
+# has been seen to raise InternalClientError "cannot switch to state 15"). All of them
+# mean "the store did not answer": nothing above the store may see them as a bug.
+_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CannotConnectNowError,
+)
+_OPEN_FAILED: tuple[type[BaseException], ...] = (*_CONNECTION_LOST, asyncpg.PostgresError)
 MIGRATION_LOCK = 7431000
 # The authority's clock: the database's, shared by every replica (see store_meta).
 _NOW = "SELECT extract(epoch FROM now())::float8 + clock_offset_s FROM store_meta"
@@ -88,7 +103,7 @@ class PostgresConnector:
                 self.url, min_size=self.min_size, max_size=self.max_size
             )
             await self.migrate()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except _OPEN_FAILED as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
 
@@ -143,7 +158,7 @@ class PostgresConnector:
             except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
                 if attempt == RETRIES - 1:
                     raise StoreUnavailable("the transaction kept conflicting; try again") from None
-            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+            except _CONNECTION_LOST as exc:
                 raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
             except asyncpg.PostgresError as exc:
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc

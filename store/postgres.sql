@@ -26,8 +26,9 @@ SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
 FROM leases WHERE token_hash = :token_hash
 
 -- effects_in_doubt --
-SELECT id, state, idempotency_key, fingerprint FROM effects
-WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN')
+-- The resource's unsettled effects, which block it (core/lifecycle.py BLOCKING).
+SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
+WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
 ORDER BY created_at
 
 -- set_resource_epoch --
@@ -52,35 +53,52 @@ FROM idempotency i JOIN effects e ON e.id = i.effect_id
 WHERE i.resource = :resource AND i.key = :key
 
 -- claim_idempotency_key --
+-- No expiry while the effect is unsettled: retention runs from settlement.
 INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
-VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at)
+VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = NULL,
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
+
+-- commit_idempotency_key --
+-- The operation took effect: from now on its key replays (the response, if one was
+-- seen) for retain_s, whichever effect of the operation held the key before.
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,
+                         response_status, response_headers, response_body, settled_by)
+VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at,
+        :status, :headers, :body, :settled_by)
 ON CONFLICT (resource, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
     epoch = excluded.epoch, expires_at = excluded.expires_at,
-    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
-
--- store_response --
-UPDATE idempotency
-SET response_status = :status, response_headers = :headers, response_body = :body
-WHERE effect_id = :effect_id
+    response_status = excluded.response_status, response_headers = excluded.response_headers,
+    response_body = excluded.response_body, settled_by = excluded.settled_by
 
 -- free_idempotency_key --
+-- Only the effect's own record: a key another effect holds now is that effect's.
 DELETE FROM idempotency WHERE effect_id = :effect_id
+
+-- hold_idempotency_key --
+-- Contradicting evidence: a freed key is taken back (no expiry) until an operator
+-- decides; a key another effect holds is left to that effect.
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
+ON CONFLICT (resource, key) DO NOTHING
 
 -- insert_effect --
 INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
-                     method, path, state, instance_id, created_at, deadline)
+                     method, path, state, instance_id, created_at, deadline, retain_s)
 VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
-        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline)
+        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s)
 
--- finish_effect --
--- An UNKNOWN effect is due for its first probe at once. A receipt that arrives
--- after a sweep marked its effect UNKNOWN (a stalled proxy) still counts: it is
--- better evidence than none, unless the effect was settled meanwhile.
-UPDATE effects SET state = :state::text, finished_at = :finished_at,
+-- transition_effect --
+-- One step of core/lifecycle.py's table, guarded by the state it was decided on: the
+-- store checks that exactly one row changed.
+UPDATE effects SET state = :state, finished_at = :finished_at,
                    upstream_status = :upstream_status, reason = :reason,
-                   next_probe_at = CASE WHEN :state::text = 'UNKNOWN' THEN :finished_at::float8 END
-WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN') AND settled_by IS NULL
+                   settled_by = :settled_by, next_probe_at = :next_probe_at,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id AND state = :expected::text
 
 -- effect --
 SELECT * FROM effects WHERE id = :id
@@ -109,25 +127,20 @@ SELECT pg_try_advisory_xact_lock(7431001) AS acquired
 
 -- expired_idempotency_records --
 DELETE FROM idempotency
-WHERE expires_at <= :now
+WHERE expires_at IS NOT NULL AND expires_at <= :now
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
-                  AND e.state IN ('DISPATCHING', 'UNKNOWN'))
+                  AND e.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))
 
 -- ping --
 SELECT 1 AS ok
 
 -- dispatching_effects_of_instance --
+-- Candidates only: each is then moved in its own transaction under its resource's lock.
 SELECT id FROM effects WHERE state = 'DISPATCHING' AND instance_id = :instance_id
-FOR UPDATE SKIP LOCKED
 
 -- overdue_dispatching_effects --
--- SKIP LOCKED: two replicas sweeping at once split the work instead of queueing.
+-- Candidates only: each is then moved in its own transaction under its resource's lock.
 SELECT id FROM effects WHERE state = 'DISPATCHING' AND deadline < :cutoff
-FOR UPDATE SKIP LOCKED
-
--- mark_unknown --
-UPDATE effects SET state = 'UNKNOWN', reason = :reason, next_probe_at = :now
-WHERE id = :id AND state = 'DISPATCHING'
 
 -- insert_event --
 INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion, detail)
@@ -138,7 +151,8 @@ SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events
 WHERE effect_id = :effect_id ORDER BY id
 
 -- in_doubt_effects --
-SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN') ORDER BY created_at LIMIT :limit
+SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+ORDER BY created_at LIMIT :limit
 
 -- due_probes --
 -- SKIP LOCKED: replicas claiming at the same moment take different effects.
@@ -154,27 +168,21 @@ WHERE id = :id AND state = 'UNKNOWN'
   AND (probe_claimed_until IS NULL OR probe_claimed_until < :now)
 
 -- record_probe_attempt --
-UPDATE effects SET probe_attempts = probe_attempts + 1, next_probe_at = :next_probe_at,
+-- An early "not committed" inside the settle window proves nothing and is not counted.
+UPDATE effects SET probe_attempts = probe_attempts + :counted, next_probe_at = :next_probe_at,
                    probe_claimed_by = NULL, probe_claimed_until = NULL
-WHERE id = :id
-
--- settle_effect --
-UPDATE effects SET state = :state, settled_by = :settled_by, reason = :reason,
-                   finished_at = COALESCE(finished_at, :now), next_probe_at = NULL,
-                   probe_claimed_by = NULL, probe_claimed_until = NULL
-WHERE id = :id AND state IN ('DISPATCHING', 'UNKNOWN')
-
--- mark_key_settled --
-UPDATE idempotency SET settled_by = :settled_by WHERE effect_id = :effect_id
+WHERE id = :id AND state = 'UNKNOWN'
 
 -- count_effects_by_state --
 SELECT state, count(*) AS n FROM effects GROUP BY state
 
 -- blocked_resources --
-SELECT count(DISTINCT resource) AS n FROM effects WHERE state = 'UNKNOWN'
+-- Resources waiting for reconciliation (a request merely in flight is not counted).
+SELECT count(DISTINCT resource) AS n FROM effects WHERE state IN ('UNKNOWN', 'CONFLICTING')
 
 -- oldest_in_doubt --
-SELECT min(created_at) AS oldest FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN')
+SELECT min(created_at) AS oldest FROM effects
+WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
 
 -- epoch_floor_and_max --
 SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch

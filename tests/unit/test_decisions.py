@@ -24,6 +24,7 @@ from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,
+    OpenEffect,
     Refusal,
     ResourceState,
     StoredResponse,
@@ -66,7 +67,22 @@ def state(
     """A resource whose highest epoch is `epoch` (default: the lease's) with `current` at it."""
     if epoch is None:
         epoch = current.epoch if current is not None else 0
-    return ResourceState(resource, epoch, current, unknown, dispatching, unknown_operations)
+    # An UNKNOWN effect without a given operation has no key (so it is no resend's).
+    operations = unknown_operations + ((None, "fp"),) * (len(unknown) - len(unknown_operations))
+    lease_epoch = current.epoch if current is not None else epoch
+    return ResourceState(
+        resource,
+        epoch,
+        current,
+        tuple(
+            OpenEffect(effect_id, EffectState.UNKNOWN, lease_epoch, key, fp)
+            for effect_id, (key, fp) in zip(unknown, operations, strict=True)
+        )
+        + tuple(
+            OpenEffect(effect_id, EffectState.DISPATCHING, lease_epoch, None, "fp")
+            for effect_id in dispatching
+        ),
+    )
 
 
 def never_leased() -> ResourceState:
@@ -107,8 +123,9 @@ def request(
 def stored(
     effect_state: EffectState = EffectState.COMMITTED,
     fingerprint: str = "fp-1",
-    expires_at: float = NOW + 3600,
+    expires_at: float | None = NOW + 3600,
     epoch: int = 3,
+    effect_id: str = "eff-1",
 ) -> IdempotencyRecord:
     response = (
         StoredResponse(201, (("Content-Type", "application/json"),), b'{"id": 1}')
@@ -119,7 +136,7 @@ def stored(
         resource=RESOURCE,
         key="order-1",
         fingerprint=fingerprint,
-        effect_id="eff-1",
+        effect_id=effect_id,
         effect_state=effect_state,
         epoch=epoch,
         expires_at=expires_at,
@@ -150,9 +167,14 @@ def test_lease_is_live_until_but_not_at_its_expiry() -> None:
     assert not lease(ended_at=NOW - 1).live(NOW)
 
 
-def test_in_doubt_is_unknown_and_dispatching_effects() -> None:
-    mixed = state(None, epoch=2, unknown=("u1",), dispatching=("d1", "d2"))
-    assert sorted(mixed.in_doubt) == ["d1", "d2", "u1"]
+def test_blocked_is_one_definition_for_everyone_but_the_holders_own_requests() -> None:
+    mixed = state(lease(epoch=2), epoch=2, unknown=("u1",), dispatching=("d1", "d2"))
+    # Acquire and the lease view: anything unsettled blocks.
+    assert sorted(mixed.blocking()) == ["d1", "d2", "u1"]
+    # The holder at epoch 2: its own requests in flight do not (max_in_flight bounds them).
+    assert mixed.blocking(2) == ("u1",)
+    # A request in flight under an older epoch blocks even the current holder.
+    assert sorted(mixed.blocking(3)) == ["d1", "d2", "u1"]
 
 
 # --- decide_acquire ---------------------------------------------------------------------
@@ -562,9 +584,16 @@ def test_resend_is_blocked_when_an_unknown_effect_has_no_known_operation() -> No
 
 def test_resend_passes_over_the_unknown_effects_own_idempotency_record() -> None:
     current, blocked = blocked_by(OPERATION)
-    existing = stored(EffectState.UNKNOWN)
+    existing = stored(EffectState.UNKNOWN, effect_id="eff-u0")
     decision = admit(current, blocked, existing, request(upstream_idempotent=True))
     assert decision == Admit(resends=("eff-u0",))
+
+
+def test_a_key_held_by_an_unsettled_effect_other_than_the_resent_ones_is_blocked() -> None:
+    current, blocked = blocked_by(OPERATION)
+    existing = stored(EffectState.UNKNOWN, effect_id="eff-elsewhere")
+    decision = admit(current, blocked, existing, request(upstream_idempotent=True))
+    assert refused(decision, "resource_blocked").context["effect_ids"] == ["eff-elsewhere"]
 
 
 def test_resend_by_a_stale_holder_is_stale_epoch() -> None:

@@ -1,11 +1,11 @@
-"""settle_dispatch: only an upstream answer proves anything; a lost request is UNKNOWN."""
+"""receipt_event: only an upstream answer proves anything; a lost request is UNKNOWN."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.outcomes import Answered, Lost, NotSent, settle_dispatch
-from core.records import EffectState
+from core.lifecycle import Event
+from core.outcomes import Answered, Lost, NotSent, receipt_event
 from policies import Outcome, StatusRules
 
 # The contract's default outcomes: committed 2xx, not_committed 4xx, unknown 408 and 5xx.
@@ -19,29 +19,29 @@ RULES = StatusRules(
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
-        (200, EffectState.COMMITTED),
-        (201, EffectState.COMMITTED),
-        (204, EffectState.COMMITTED),
-        (400, EffectState.NOT_COMMITTED),
-        (404, EffectState.NOT_COMMITTED),
-        (409, EffectState.NOT_COMMITTED),
-        (408, EffectState.UNKNOWN),
-        (500, EffectState.UNKNOWN),
-        (502, EffectState.UNKNOWN),
-        (503, EffectState.UNKNOWN),
-        (302, EffectState.UNKNOWN),
-        (101, EffectState.UNKNOWN),
+        (200, Event.ANSWERED_COMMITTED),
+        (201, Event.ANSWERED_COMMITTED),
+        (204, Event.ANSWERED_COMMITTED),
+        (400, Event.ANSWERED_NOT_COMMITTED),
+        (404, Event.ANSWERED_NOT_COMMITTED),
+        (409, Event.ANSWERED_NOT_COMMITTED),
+        (408, Event.LOST),
+        (500, Event.LOST),
+        (502, Event.LOST),
+        (503, Event.LOST),
+        (302, Event.LOST),
+        (101, Event.LOST),
     ],
 )
-def test_answered_status_maps_through_the_rules(status: int, expected: EffectState) -> None:
-    state, reason = settle_dispatch(Answered(status), RULES)
+def test_answered_status_maps_through_the_rules(status: int, expected: Event) -> None:
+    state, reason = receipt_event(Answered(status), RULES)
     assert state is expected
     assert str(status) in reason
 
 
 def test_answered_reason_names_the_status_and_outcome() -> None:
-    assert settle_dispatch(Answered(201), RULES) == (
-        EffectState.COMMITTED,
+    assert receipt_event(Answered(201), RULES) == (
+        Event.ANSWERED_COMMITTED,
         "upstream answered 201 (committed)",
     )
 
@@ -49,18 +49,18 @@ def test_answered_reason_names_the_status_and_outcome() -> None:
 def test_answered_follows_the_routes_own_rules() -> None:
     # A route may say that 409 means "already done": committed, not rejected.
     rules = StatusRules(((409, Outcome.COMMITTED),), ((4, Outcome.NOT_COMMITTED),), Outcome.UNKNOWN)
-    assert settle_dispatch(Answered(409), rules)[0] is EffectState.COMMITTED
-    assert settle_dispatch(Answered(400), rules)[0] is EffectState.NOT_COMMITTED
+    assert receipt_event(Answered(409), rules)[0] is Event.ANSWERED_COMMITTED
+    assert receipt_event(Answered(400), rules)[0] is Event.ANSWERED_NOT_COMMITTED
 
 
 def test_status_the_rules_do_not_mention_is_unknown() -> None:
     rules = StatusRules(((200, Outcome.COMMITTED),), (), Outcome.UNKNOWN)
-    assert settle_dispatch(Answered(201), rules)[0] is EffectState.UNKNOWN
+    assert receipt_event(Answered(201), rules)[0] is Event.LOST
 
 
 def test_not_sent_is_not_sent() -> None:
-    assert settle_dispatch(NotSent("connection refused"), RULES) == (
-        EffectState.NOT_SENT,
+    assert receipt_event(NotSent("connection refused"), RULES) == (
+        Event.NOT_SENT,
         "not sent: connection refused",
     )
 
@@ -70,13 +70,13 @@ def test_not_sent_is_not_sent() -> None:
     ["timeout after 5s", "connection reset by peer", "server disconnected", "proxy restarted"],
 )
 def test_lost_request_is_unknown_never_not_committed(reason: str) -> None:
-    state, recorded = settle_dispatch(Lost(reason), RULES)
-    assert state is EffectState.UNKNOWN
+    state, recorded = receipt_event(Lost(reason), RULES)
+    assert state is Event.LOST
     assert recorded == f"outcome unknown: {reason}"
 
 
 def test_lost_request_is_unknown_whatever_the_rules_say() -> None:
     # Rules classify answers; they cannot turn a missing answer into a known outcome.
     generous = StatusRules((), (), Outcome.NOT_COMMITTED)
-    assert settle_dispatch(Lost("timeout"), generous)[0] is EffectState.UNKNOWN
-    assert settle_dispatch(NotSent("dns"), generous)[0] is EffectState.NOT_SENT
+    assert receipt_event(Lost("timeout"), generous)[0] is Event.LOST
+    assert receipt_event(NotSent("dns"), generous)[0] is Event.NOT_SENT

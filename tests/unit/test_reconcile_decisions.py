@@ -28,6 +28,7 @@ from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,
+    OpenEffect,
     Refusal,
     ResourceState,
 )
@@ -235,14 +236,18 @@ def blocked_state(
     epoch: int = 3,
     dispatching: tuple[str, ...] = (),
 ) -> ResourceState:
-    ids = tuple(f"eff-u{i}" for i in range(len(operations)))
     return ResourceState(
         RESOURCE,
         epoch,
         lease or current_lease(epoch),
-        unknown_effects=ids,
-        dispatching_effects=dispatching,
-        unknown_operations=operations,
+        open_effects=tuple(
+            OpenEffect(f"eff-u{i}", EffectState.UNKNOWN, epoch, key, fingerprint)
+            for i, (key, fingerprint) in enumerate(operations)
+        )
+        + tuple(
+            OpenEffect(effect_id, EffectState.DISPATCHING, epoch, None, "fp-other")
+            for effect_id in dispatching
+        ),
     )
 
 

@@ -46,9 +46,7 @@ async def effect_when(fence: Fence, effect_id: str, what: str, state: str | None
     async def ready() -> bool:
         seen[:] = [await fence.effect(effect_id)]
         effect = seen[0]
-        has_probe = effect["probe_attempts"] >= 1 and any(
-            event["kind"] == "probe" for event in effect["events"]
-        )
+        has_probe = any(event["kind"] == "probe" for event in effect["events"])
         return has_probe and (state is None or effect["state"] == state)
 
     await poll_until(ready, f"{effect_id}: {what}")
@@ -104,6 +102,7 @@ async def test_metrics_report_the_traffic(make_fence: FenceFactory) -> None:
         labels(state="NOT_COMMITTED"): 0,
         labels(state="NOT_SENT"): 0,
         labels(state="UNKNOWN"): 1,
+        labels(state="CONFLICTING"): 0,
     }
     assert metrics["fenceproxy_blocked_resources"] == {labels(): 1}
     assert metrics["fenceproxy_oldest_in_doubt_age_seconds"][labels()] == fence.clock.approx(1.5)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.fencing import Replay
+from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal
 from store import Admitted, NewEffect, Store, open_store
 from store.queries import load_migrations
@@ -74,7 +75,7 @@ async def unknown_effect(store: Store, resource: str) -> str:
     admitted = await store.admit(token_hash, new_effect(resource, f"k-{resource}"))
     assert isinstance(admitted, Admitted), admitted
     effect_id = admitted.effect.id
-    await store.finish_effect(effect_id, EffectState.UNKNOWN, None, "response lost", None)
+    await store.finish_effect(effect_id, Event.LOST, None, "response lost", None)
     effect = await store.effect(effect_id)
     assert effect is not None and effect.state is EffectState.UNKNOWN
     return effect_id

@@ -1,0 +1,239 @@
+"""The fenced request path: admit, forward once, record the receipt, answer truly.
+
+Before admission anything may refuse the request: nothing has been recorded or
+sent. After admission the effect is DISPATCHING in the store, and from then on
+the worker's answer comes from the effect lifecycle (core/lifecycle.py), never
+from a guess: "nothing was forwarded" is said only when no byte left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from core.fencing import Replay
+from core.lifecycle import Answer, Event
+from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
+from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
+from policies import RESOURCE_RE, RouteMatch
+from proxy import forwarding
+from proxy.problems import ProblemError, problem, refusal_response
+from proxy.requests import fingerprint, idempotency_key, read_body, single_header
+from proxy.runtime import Runtime
+from proxy.tokens import token_hash, well_formed
+from store import Admitted, NewEffect, Receipt
+
+log = logging.getLogger("fenceproxy")
+
+
+async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> web.StreamResponse:
+    route = match.route
+    assert route.resource is not None
+    resource = route.resource.render(match.params)
+    if not RESOURCE_RE.match(resource):
+        raise ProblemError("invalid_request", "the path names no valid resource", route=route.name)
+    try:
+        token = single_header(request, "Fence-Token")
+        if token is None:
+            raise ProblemError("missing_token", f"route {route.name} needs a Fence-Token header")
+        if not well_formed(token):
+            raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+        key = idempotency_key(request)
+        if key is None and route.idempotency.required:
+            raise ProblemError(
+                "missing_idempotency_key", f"route {route.name} needs an Idempotency-Key header"
+            )
+        body = await read_body(request, route.max_body_bytes)
+    except ProblemError as exc:
+        exc.context.update(route=route.name, resource=resource)
+        raise
+    new = NewEffect(
+        route=route.name,
+        resource=resource,
+        idempotency_key=key,
+        fingerprint=fingerprint(request.method, request.path, request.query_string, body),
+        method=request.method,
+        path=request.path,
+        max_in_flight=route.max_in_flight,
+        upstream_timeout_s=route.upstream.timeout_s,
+        retain_s=route.idempotency.retain_s,
+        upstream_idempotent=route.upstream_idempotent,
+    )
+    decision = await runtime.store.admit(token_hash(token), new)
+    if isinstance(decision, Admitted):
+        # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
+        # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
+        return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
+    if isinstance(decision, Replay):
+        runtime.metrics.count_request(route.name, "replayed")
+        return _replay(decision.record)
+    runtime.metrics.count_request(route.name, "refused")
+    runtime.metrics.count_refusal(decision.code)  # recorded by the admission itself
+    return refusal_response(decision)
+
+
+async def _dispatch_admitted(
+    request: web.Request, match: RouteMatch, runtime: Runtime, admitted: Admitted, body: bytes
+) -> web.StreamResponse:
+    route = match.route
+    effect = admitted.effect
+    fence = {
+        "Fence-Epoch": str(effect.epoch),
+        "Fence-Resource": effect.resource,
+        "Fence-Effect-Id": effect.id,
+    }
+    answer: forwarding.UpstreamResponse | None = None
+    try:
+        # Anything that fails before the request is handed to the client is certain
+        # not to have sent a byte: the effect is settled NOT_SENT at once.
+        url: URL = forwarding.upstream_url(route.upstream, request)
+        headers: CIMultiDict[str] = forwarding.upstream_headers(
+            request, fence if route.forward_fence_headers else None
+        )
+    except Exception as exc:
+        log.exception("could not build the upstream request for %s", effect.id)
+        result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
+    else:
+        assert runtime.session is not None
+        started = time.monotonic()
+        result, answer = await forwarding.dispatch(
+            runtime.session, route.upstream, request.method, url, headers, body
+        )
+        runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
+    if isinstance(result, Lost) and runtime.shutting_down:
+        result = Lost("the proxy shut down (grace period over) before the answer arrived")
+    event, reason = receipt_event(result, route.outcomes)
+    stored = None
+    if event is Event.ANSWERED_COMMITTED and answer is not None:
+        kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
+        stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
+    upstream_status = result.status if isinstance(result, Answered) else None
+    try:
+        receipt = await runtime.store.finish_effect(
+            effect.id, event, upstream_status, reason, stored, admitted.resends
+        )
+    except Exception:
+        # Whatever failed (the store, a driver, a bug), the request may have left: the
+        # effect stays DISPATCHING, its sweep makes it UNKNOWN, and the worker is told
+        # exactly that, never "nothing was forwarded".
+        log.exception("the receipt of %s could not be recorded", effect.id)
+        runtime.metrics.count_request(route.name, "unrecorded")
+        return _unrecorded(effect, reason, upstream_status, fence)
+    runtime.metrics.count_request(route.name, receipt.effect.state.value.lower())
+    if receipt.effect.state is EffectState.UNKNOWN and runtime.reconciler is not None:
+        runtime.reconciler.wake.set()
+    return _answer(receipt, reason, upstream_status, answer, fence)
+
+
+def _answer(
+    receipt: Receipt,
+    reason: str,
+    upstream_status: int | None,
+    answer: forwarding.UpstreamResponse | None,
+    fence: dict[str, str],
+) -> web.StreamResponse:
+    """The worker's answer, as the lifecycle table says for this receipt."""
+    effect = receipt.effect
+    kind = receipt.transition.answer
+    if kind is Answer.RESPONSE and answer is not None:
+        headers = answer.headers.copy()
+        headers.update(fence)
+        return web.Response(status=answer.status, headers=headers, body=answer.body)
+    if kind is Answer.NOT_SENT:
+        return problem(
+            "upstream_unreachable",
+            f"{reason}; nothing was sent, the operation can be retried",
+            headers=fence,
+            effect_id=effect.id,
+        )
+    if kind is Answer.UNKNOWN:
+        return problem(
+            "outcome_unknown",
+            f"{reason}; {effect.resource} is blocked until the effect is reconciled",
+            headers=fence,
+            effect_id=effect.id,
+            resource=effect.resource,
+            epoch=effect.epoch,
+            upstream_status=upstream_status,
+        )
+    if kind is Answer.CONFLICT:
+        return problem(
+            "conflicting_evidence",
+            f"{reason}, which contradicts what was established before; "
+            f"{effect.resource} is blocked until an operator resolves {effect.id}",
+            headers=fence,
+            effect_id=effect.id,
+            resource=effect.resource,
+            upstream_status=upstream_status,
+            key_holder=receipt.key_holder,
+        )
+    if kind is Answer.SETTLED and effect.state is EffectState.COMMITTED:
+        return _committed_by_reconciliation(
+            effect.id, effect.state, effect.settled_by, fence, replayed=False
+        )
+    # Settled not committed while the answer was on its way, and the answer was lost.
+    return problem(
+        "effect_settled",
+        f"{reason}; meanwhile the effect was settled {effect.state.value} "
+        f"(by {effect.settled_by or 'its receipt'}): it did not take effect",
+        headers=fence,
+        effect_id=effect.id,
+        state=effect.state.value,
+    )
+
+
+def _unrecorded(
+    effect: EffectRecord, reason: str, upstream_status: int | None, fence: dict[str, str]
+) -> web.Response:
+    return problem(
+        "store_unavailable",
+        f"{reason}, but the receipt could not be recorded; the request may have taken "
+        f"effect, and {effect.resource} stays blocked until the effect is reconciled",
+        headers=fence,
+        effect_id=effect.id,
+        resource=effect.resource,
+        upstream_status=upstream_status,
+    )
+
+
+def _committed_by_reconciliation(
+    effect_id: str,
+    state: EffectState,
+    settled_by: str | None,
+    headers: dict[str, str],
+    replayed: bool = True,
+) -> web.Response:
+    return web.json_response(
+        {
+            "replayed": replayed,
+            "effect_id": effect_id,
+            "state": state.value,
+            "settled_by": settled_by,
+            "detail": "the operation was committed, as established by reconciliation; "
+            "the upstream's response was never seen, so there is none to replay",
+        },
+        status=200,
+        headers=headers,
+    )
+
+
+def _replay(record: IdempotencyRecord) -> web.Response:
+    fence = {
+        "Fence-Epoch": str(record.epoch),
+        "Fence-Resource": record.resource,
+        "Fence-Effect-Id": record.effect_id,
+        "Idempotent-Replayed": "true",
+    }
+    if record.response is None:
+        # Settled by a probe or an operator: committed, but no response was ever seen.
+        return _committed_by_reconciliation(
+            record.effect_id, record.effect_state, record.settled_by, fence
+        )
+    headers = dict(record.response.headers)
+    headers.update(fence)
+    return web.Response(status=record.response.status, headers=headers, body=record.response.body)
