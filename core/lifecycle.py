@@ -109,7 +109,8 @@ class Transition:
 
 def _settle(to: EffectState, answer: Answer | None = None) -> Transition:
     key = {COMMITTED: Key.COMMIT, NOT_COMMITTED: Key.FREE, NOT_SENT: Key.FREE}.get(to, Key.KEEP)
-    return Transition(to, key, Record.SETTLED, answer, store_response=answer is Answer.RESPONSE)
+    kept = to is COMMITTED and answer is Answer.RESPONSE
+    return Transition(to, key, Record.SETTLED, answer, store_response=kept)
 
 
 def _late(state: EffectState, answer: Answer | None = None) -> Transition:

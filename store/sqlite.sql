@@ -65,8 +65,17 @@ VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at,
 ON CONFLICT (resource, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
     epoch = excluded.epoch, expires_at = excluded.expires_at,
-    response_status = excluded.response_status, response_headers = excluded.response_headers,
-    response_body = excluded.response_body, settled_by = excluded.settled_by
+    -- A response this very effect's receipt kept (before a conflict) stays replayable.
+    response_status = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_status, idempotency.response_status)
+        ELSE excluded.response_status END,
+    response_headers = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_headers, idempotency.response_headers)
+        ELSE excluded.response_headers END,
+    response_body = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_body, idempotency.response_body)
+        ELSE excluded.response_body END,
+    settled_by = excluded.settled_by
 
 -- free_idempotency_key --
 -- Only the effect's own record: a key another effect holds now is that effect's.

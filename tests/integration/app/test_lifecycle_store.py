@@ -286,9 +286,7 @@ async def test_a_retry_is_never_admitted_while_its_first_send_turns_unknown(
             resource = f"supplier:race-{round_}"
             token = new_token_hash()
             granted(await a.acquire(resource, "w", 60, token))
-            new = NewEffect(
-                "place-order", resource, "k", "fp", "POST", "/orders/x", 2, 5.0, 60.0
-            )
+            new = NewEffect("place-order", resource, "k", "fp", "POST", "/orders/x", 2, 5.0, 60.0)
             first = await a.admit(token, new)
             assert isinstance(first, Admitted), first
             _, retry = await asyncio.gather(

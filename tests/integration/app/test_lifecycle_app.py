@@ -1,0 +1,143 @@
+"""The effect lifecycle through the whole request path: what the worker is told when
+something fails between admission and the receipt, and when evidence conflicts.
+
+"Nothing was forwarded" may be said only when no byte left (issue 7, part 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from core.lifecycle import Event
+from proxy.runtime import RUNTIME
+from tests.integration.app.conftest import (
+    PROBE_BY_KEY,
+    Fence,
+    FenceFactory,
+    assert_problem,
+    json_body,
+    poll_until,
+)
+
+RESOURCE = "supplier:widget"
+
+
+async def raw_request(fence: Fence, head: bytes) -> bytes:
+    """Send bytes as they are (aiohttp's client would normalise the target)."""
+    server = fence.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_an_absolute_form_target_is_refused_before_anything_is_recorded(
+    fence: Fence,
+) -> None:
+    lease = await fence.acquire(RESOURCE, "worker-a")
+    head = (
+        b"POST http://127.0.0.1/orders/widget HTTP/1.1\r\n"
+        b"Host: 127.0.0.1\r\nFence-Token: " + lease["token"].encode() + b"\r\n"
+        b"Idempotency-Key: k-1\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    )
+    answer = await raw_request(fence, head)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert b'"code": "invalid_request"' in answer
+    assert await fence.effects() == []
+    assert await fence.upstream_orders() == 0
+    assert (await fence.lease(RESOURCE))["blocked"] is False
+
+
+async def test_a_receipt_that_cannot_be_recorded_is_never_nothing_was_forwarded(
+    fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = await fence.acquire(RESOURCE, "worker-a")
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cannot switch to state 15")  # what a killed connection raised
+
+    monkeypatch.setattr(fence.store, "finish_effect", broken)
+    answer = await fence.order("widget", lease["token"], "k-1")
+    body = await assert_problem(answer, 503, "store_unavailable")
+    assert "may have taken effect" in body["detail"]
+    assert "nothing was forwarded" not in body["detail"]
+    assert body["upstream_status"] == 201
+    assert await fence.upstream_orders() == 1
+    monkeypatch.undo()
+    # The effect is in doubt, and stays so until reconciled: the retry is refused.
+    [effect] = await fence.effects()
+    assert effect["state"] == "DISPATCHING"
+    retry = await fence.order("widget", lease["token"], "k-1")
+    await assert_problem(retry, 409, "request_in_progress")
+    assert await fence.upstream_orders() == 1
+
+
+async def test_a_late_contradicting_receipt_answers_conflict_and_blocks(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(reconcile=PROBE_BY_KEY)
+    lease = await fence.acquire(RESOURCE, "worker-a", ttl_s=30)
+    committed = await fence.order("widget", lease["token"], "k-1")
+    assert committed.status == 201
+    effect_id = committed.headers["Fence-Effect-Id"]
+
+    # A second receipt for the same effect (a stalled replica's), saying the opposite.
+    receipt = await fence.store.finish_effect(
+        effect_id, Event.ANSWERED_NOT_COMMITTED, 409, "upstream answered 409", None
+    )
+    assert receipt.effect.state == "CONFLICTING"
+    shown = await fence.effect(effect_id)
+    assert shown["state"] == "CONFLICTING"
+    assert shown["events"][-1]["conclusion"] == "conflict"
+    retry = await fence.order("widget", lease["token"], "k-1")
+    await assert_problem(retry, 423, "resource_blocked")
+    assert await fence.upstream_orders() == 1
+
+    resolve = await fence.client.post(
+        f"/_fence/v1/effects/{effect_id}/resolve",
+        json={"outcome": "committed", "reason": "order 1 is there", "operator": "alice"},
+        headers=fence.admin,
+    )
+    assert resolve.status == 200, await json_body(resolve)
+    replay = await fence.order("widget", lease["token"], "k-1")
+    assert replay.status == 201
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert await fence.upstream_orders() == 1
+
+
+async def test_the_reconciler_survives_an_unexpected_failure(
+    fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = fence.store
+    real_recover = store.recover
+    calls: list[str] = []
+
+    async def failing_once(instance_id: str | None, margin_s: float) -> list[str]:
+        calls.append("recover")
+        if len(calls) == 1:
+            raise RuntimeError("an unexpected bug in one round")
+        return await real_recover(instance_id, margin_s)
+
+    monkeypatch.setattr(store, "recover", failing_once)
+    reconciler = fence.app[RUNTIME].reconciler
+    assert reconciler is not None
+    reconciler.wake.set()
+
+    async def counted() -> bool:
+        text = await (await fence.client.get("/_fence/metrics")).text()
+        return 'fenceproxy_background_failures_total{loop="reconciler"} 1.0' in text
+
+    await poll_until(counted, "the failed round to be counted")
+
+    async def swept_again() -> bool:
+        return len(calls) >= 2
+
+    # The loop lives on (after its back-off) and sweeps again.
+    await poll_until(swept_again, "the reconciler to sweep again")
