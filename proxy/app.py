@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.fencing import Replay
 from core.outcomes import Answered, Lost, NotSent, settle_dispatch
 from core.probing import DEADLINE_MARGIN_S
@@ -146,27 +147,33 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
-        return problem("store_unavailable", "the lease store did not answer; nothing was done")
+        return problem(
+            ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
+        )
     except web.HTTPException as exc:
         if exc.status == 405:
-            return problem("method_not_allowed", f"{request.method} is not allowed here")
+            return problem(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed here")
         if exc.status == 404:
-            return problem("not_found", f"nothing at {request.path}")
+            return problem(ErrorCode.NOT_FOUND, f"nothing at {request.path}")
         if exc.status == 413:
-            return problem("payload_too_large", "the body is too large")
+            return problem(ErrorCode.PAYLOAD_TOO_LARGE, "the body is too large")
         raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return problem("internal_error", "the proxy failed unexpectedly; nothing was forwarded")
+        return problem(
+            ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
+        )
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     if request.path.startswith("/_fence/"):
-        raise ProblemError("no_route", f"no control endpoint {request.method} {request.path}")
+        raise ProblemError(
+            ErrorCode.NO_ROUTE, f"no control endpoint {request.method} {request.path}"
+        )
     match = runtime.policy.match(request.method, request.path)
     if match is None:
-        raise ProblemError("no_route", f"no route matches {request.method} {request.path}")
+        raise ProblemError(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
     if match.route.fenced:
         return await _fenced(request, match, runtime)
     return await _pass_through(request, match, runtime)
@@ -201,7 +208,9 @@ async def _pass_through(
     except (aiohttp.ClientError, TimeoutError) as exc:
         runtime.metrics.count_request(route.name, "upstream_unreachable")
         return problem(
-            "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
+            ErrorCode.UPSTREAM_UNREACHABLE,
+            f"{route.upstream.name} did not answer: {exc}",
+            route=route.name,
         )
 
 
@@ -210,17 +219,24 @@ async def _fenced(request: web.Request, match: RouteMatch, runtime: Runtime) -> 
     assert route.resource is not None
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
-        raise ProblemError("invalid_request", "the path names no valid resource", route=route.name)
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, "the path names no valid resource", route=route.name
+        )
     try:
         token = single_header(request, "Fence-Token")
         if token is None:
-            raise ProblemError("missing_token", f"route {route.name} needs a Fence-Token header")
+            raise ProblemError(
+                ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header"
+            )
         if not well_formed(token):
-            raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+            raise ProblemError(
+                ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued"
+            )
         key = idempotency_key(request)
         if key is None and route.idempotency.required:
             raise ProblemError(
-                "missing_idempotency_key", f"route {route.name} needs an Idempotency-Key header"
+                ErrorCode.MISSING_IDEMPOTENCY_KEY,
+                f"route {route.name} needs an Idempotency-Key header",
             )
         body = await read_body(request, route.max_body_bytes)
     except ProblemError as exc:
@@ -289,7 +305,7 @@ async def _dispatch_admitted(
         # The effect stays DISPATCHING in the store and is treated as in doubt; the
         # worker must not be told an outcome the store does not hold.
         return problem(
-            "store_unavailable",
+            ErrorCode.STORE_UNAVAILABLE,
             "the upstream answered but the receipt could not be recorded; "
             "the effect is in doubt until reconciled",
             headers=fence,
@@ -299,7 +315,7 @@ async def _dispatch_admitted(
         if runtime.reconciler is not None:
             runtime.reconciler.wake.set()
         return problem(
-            "outcome_unknown",
+            ErrorCode.OUTCOME_UNKNOWN,
             f"{reason}; {effect.resource} is blocked until the effect is reconciled",
             headers=fence,
             effect_id=effect.id,
@@ -309,7 +325,7 @@ async def _dispatch_admitted(
         )
     if isinstance(result, NotSent) or answer is None:
         return problem(
-            "upstream_unreachable",
+            ErrorCode.UPSTREAM_UNREACHABLE,
             f"{reason}; nothing was sent, the operation can be retried",
             headers=fence,
             effect_id=effect.id,
