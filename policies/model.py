@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from policies.nodes import ConfigError, Mapping, Node, Problem, Problems, compose
+from policies.store_backends import StoreBackend, store_backend
 from policies.templates import PathTemplate, StringTemplate, TemplateError
 
 RESOURCE_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}\Z")
@@ -201,13 +202,13 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
     store = root.text("store", default="sqlite:///state/fenceproxy.db")
     if store is None:
         return ""
-    scheme = store.partition("://")[0]
-    if scheme not in ("sqlite", "postgresql", "postgres"):
+    backend = store_backend(store)
+    if backend is None:
         problems.add(
             root.children["store"],
             f"expected sqlite:///PATH or postgresql://..., got {store!r}",
         )
-    elif scheme == "sqlite" and (
+    elif backend is StoreBackend.SQLITE and (
         not store.startswith("sqlite:///") or not store[len("sqlite:///") :].partition("?")[0]
     ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
