@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import ConfigError, Policy
+from policies import ConfigError, parse_policy
 from policies.store_backends import BACKEND_BY_SCHEME, StoreBackend
 from store import CONNECTORS, StoreError, open_store
 from store.postgres import PostgresConnector
@@ -44,7 +44,7 @@ def test_a_scheme_the_policy_accepts_opens_its_backend(
     scheme: str, backend: StoreBackend, tmp_path: Path
 ) -> None:
     url = store_url(scheme, backend, tmp_path)
-    assert Policy.parse(POLICY.format(store=url)).store == url
+    assert parse_policy(POLICY.format(store=url)).store == url
     store = open_store(url, lambda: 0.0, "test-instance")
     assert type(store.connector) is CONNECTOR_CLASS[backend]
 
@@ -52,7 +52,7 @@ def test_a_scheme_the_policy_accepts_opens_its_backend(
 def test_a_scheme_the_policy_refuses_opens_no_store() -> None:
     url = "mysql://fence@127.0.0.1/fence"
     with pytest.raises(ConfigError, match="expected sqlite"):
-        Policy.parse(POLICY.format(store=url))
+        parse_policy(POLICY.format(store=url))
     with pytest.raises(StoreError, match="no store backend for 'mysql'"):
         open_store(url, lambda: 0.0, "test-instance")
 
