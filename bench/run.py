@@ -67,7 +67,7 @@ from bench.targets import (
     store_durability,
 )
 from bench.workload import LEASE_TTL_S, BenchError, Measurement, measure
-from demo.procs import ManagedProcess, ProcessFailed
+from support.processes import ManagedProcess, ProcessFailed
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 SQLITE = "sqlite"

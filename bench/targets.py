@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from bench.workload import LEASE_TTL_S
-from demo.procs import ManagedProcess, free_port
+from support.processes import ManagedProcess, free_port
 
 PLAIN = "plain"
 FENCED = "fenced"
