@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from core.codes import ErrorCode
 
 
 class EffectState(StrEnum):
@@ -21,9 +23,18 @@ class EffectState(StrEnum):
 class Refusal:
     """A request the proxy will not carry out; becomes a problem+json response."""
 
-    code: str
+    code: ErrorCode
     detail: str
-    context: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, Any]
+
+    def __init__(
+        self, code: ErrorCode | str, detail: str, context: dict[str, Any] | None = None
+    ) -> None:
+        # The rules may name a code by its string; an unknown one is a bug caught here
+        # (ValueError), not a response nobody can map to a status.
+        object.__setattr__(self, "code", ErrorCode(code))
+        object.__setattr__(self, "detail", detail)
+        object.__setattr__(self, "context", {} if context is None else context)
 
 
 @dataclass(frozen=True)

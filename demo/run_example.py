@@ -14,7 +14,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
-from demo.procs import ManagedProcess, ProcessFailed, demo_upstream_argv
+from demo.upstream import demo_upstream_argv
+from support.processes import ManagedProcess, ProcessFailed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = PROJECT_ROOT / "state"

@@ -56,6 +56,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -421,6 +422,13 @@ def make_app(db_path: str) -> web.Application:
     app.router.add_get("/_demo/headers-seen", headers_seen)
     app.router.add_get("/_demo/healthz", healthz)
     return app
+
+
+def demo_upstream_argv(port: int, db_path: str | Path, access_log: bool = True) -> list[str]:
+    """The command that runs this demo upstream in its own process on 127.0.0.1."""
+    argv = [sys.executable, "-m", "demo.upstream", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--db", str(db_path)]
+    return argv if access_log else [*argv, "--no-access-log"]
 
 
 def main() -> None:

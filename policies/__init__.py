@@ -1,5 +1,6 @@
 """Routing and fencing policy: YAML in, frozen validated objects out."""
 
+from policies.loading import load_policy, parse_policy
 from policies.model import (
     HOLDER_RE,
     RESOURCE_RE,
@@ -35,4 +36,6 @@ __all__ = [
     "StatusRules",
     "StorePool",
     "Upstream",
+    "load_policy",
+    "parse_policy",
 ]

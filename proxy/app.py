@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding
@@ -144,18 +145,22 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
-        return problem("store_unavailable", "the lease store did not answer; nothing was done")
+        return problem(
+            ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
+        )
     except web.HTTPException as exc:
         if exc.status == 405:
-            return problem("method_not_allowed", f"{request.method} is not allowed here")
+            return problem(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed here")
         if exc.status == 404:
-            return problem("not_found", f"nothing at {request.path}")
+            return problem(ErrorCode.NOT_FOUND, f"nothing at {request.path}")
         if exc.status == 413:
-            return problem("payload_too_large", "the body is too large")
+            return problem(ErrorCode.PAYLOAD_TOO_LARGE, "the body is too large")
         raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return problem("internal_error", "the proxy failed unexpectedly; nothing was forwarded")
+        return problem(
+            ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
+        )
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
@@ -164,13 +169,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         # An absolute-form target (a client using the proxy as its HTTP_PROXY) or "*"
         # names no route of ours and cannot be forwarded as is: refused before anything.
         raise ProblemError(
-            "invalid_request", "the request target must be a path (origin-form, /...)"
+            ErrorCode.INVALID_REQUEST, "the request target must be a path (origin-form, /...)"
         )
     if request.path.startswith("/_fence/"):
-        raise ProblemError("no_route", f"no control endpoint {request.method} {request.path}")
+        raise ProblemError(
+            ErrorCode.NO_ROUTE, f"no control endpoint {request.method} {request.path}"
+        )
     match = runtime.policy.match(request.method, request.path)
     if match is None:
-        raise ProblemError("no_route", f"no route matches {request.method} {request.path}")
+        raise ProblemError(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
     if match.route.fenced:
         return await fenced.handle(request, match, runtime)
     return await _pass_through(request, match, runtime)
@@ -205,5 +212,7 @@ async def _pass_through(
     except (aiohttp.ClientError, TimeoutError) as exc:
         runtime.metrics.count_request(route.name, "upstream_unreachable")
         return problem(
-            "upstream_unreachable", f"{route.upstream.name} did not answer: {exc}", route=route.name
+            ErrorCode.UPSTREAM_UNREACHABLE,
+            f"{route.upstream.name} did not answer: {exc}",
+            route=route.name,
         )

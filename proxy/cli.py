@@ -22,7 +22,7 @@ from aiohttp import web
 from core.lifecycle import BLOCKING
 from core.probing import DEADLINE_MARGIN_S
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal
-from policies import RESOURCE_RE, ConfigError, Policy
+from policies import RESOURCE_RE, ConfigError, Policy, load_policy
 from proxy.app import build_app, new_instance_id
 from proxy.forwarding import new_client_session
 from reconcile.prober import ProbeResult, probe_effect
@@ -176,7 +176,7 @@ def _policy(args: argparse.Namespace) -> Policy:
         raise CommandError("no policy file: pass --config FILE or set FENCEPROXY_CONFIG")
     if not os.path.exists(args.config):
         raise CommandError(f"{args.config}: no such file")
-    return Policy.load(args.config)
+    return load_policy(args.config)
 
 
 def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
@@ -226,7 +226,7 @@ def _check_config(args: argparse.Namespace) -> int:
         raise CommandError("no policy file: pass FILE, --config FILE or set FENCEPROXY_CONFIG")
     if not os.path.exists(path):
         raise CommandError(f"{path}: no such file")
-    policy = Policy.load(path)
+    policy = load_policy(path)
     fenced = sum(route.fenced for route in policy.routes)
     print(f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store})")
     return 0

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.records import EffectRecord, EffectState, Refusal
 from proxy import openapi
 from proxy.problems import ProblemError, refusal_response
@@ -38,9 +39,11 @@ def add_routes(app: web.Application) -> None:
 def _presented_token(request: web.Request) -> str:
     token = single_header(request, "Fence-Token")
     if token is None:
-        raise ProblemError("missing_token", "this call needs the lease's Fence-Token header")
+        raise ProblemError(
+            ErrorCode.MISSING_TOKEN, "this call needs the lease's Fence-Token header"
+        )
     if not well_formed(token):
-        raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
     return token
 
 
@@ -119,7 +122,9 @@ async def revoke(request: web.Request) -> web.Response:
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", "100")
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
-        raise ProblemError("invalid_request", f"limit must be a whole number 1-{MAX_LIST_LIMIT}")
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, f"limit must be a whole number 1-{MAX_LIST_LIMIT}"
+        )
     return int(raw)
 
 
@@ -131,7 +136,7 @@ async def list_effects(request: web.Request) -> web.Response:
     state = request.query.get("state")
     if state is not None and state not in EffectState.__members__:
         raise ProblemError(
-            "invalid_request", f"state must be one of {', '.join(EffectState.__members__)}"
+            ErrorCode.INVALID_REQUEST, f"state must be one of {', '.join(EffectState.__members__)}"
         )
     effects = await runtime_of(request).store.effects(resource, state, _limit(request))
     return web.json_response({"effects": [effect.as_json() for effect in effects]})
@@ -140,7 +145,7 @@ async def list_effects(request: web.Request) -> web.Response:
 async def _effect(request: web.Request) -> EffectRecord:
     effect = await runtime_of(request).store.effect(request.match_info["effect_id"])
     if effect is None:
-        raise ProblemError("not_found", "no such effect")
+        raise ProblemError(ErrorCode.NOT_FOUND, "no such effect")
     return effect
 
 
@@ -149,7 +154,7 @@ async def show_effect(request: web.Request) -> web.Response:
     effect_id = request.match_info["effect_id"]
     effect, events = await runtime_of(request).store.effect_with_events(effect_id)
     if effect is None:
-        raise ProblemError("not_found", "no such effect")
+        raise ProblemError(ErrorCode.NOT_FOUND, "no such effect")
     return web.json_response({**effect.as_json(), "events": [e.as_json() for e in events]})
 
 
@@ -160,7 +165,9 @@ async def probe_effect(request: web.Request) -> web.Response:
     effect = await _effect(request)
     if effect.state is not EffectState.UNKNOWN:
         raise ProblemError(
-            "effect_settled" if effect.state is not EffectState.DISPATCHING else "effect_in_flight",
+            ErrorCode.EFFECT_SETTLED
+            if effect.state is not EffectState.DISPATCHING
+            else ErrorCode.EFFECT_IN_FLIGHT,
             f"only an UNKNOWN effect is probed; this one is {effect.state.value}",
             effect_id=effect.id,
         )
@@ -185,7 +192,7 @@ async def resolve_effect(request: web.Request) -> web.Response:
     data = await json_object(request, {"outcome", "reason", "operator"})
     outcome = OUTCOMES.get(str(data.get("outcome")).replace("-", "_"))
     if outcome is None:
-        raise ProblemError("invalid_request", "outcome must be committed or not_committed")
+        raise ProblemError(ErrorCode.INVALID_REQUEST, "outcome must be committed or not_committed")
     reason = _text(data.get("reason"), "reason")
     operator = _text(data.get("operator"), "operator")
     runtime = runtime_of(request)
@@ -198,7 +205,9 @@ async def resolve_effect(request: web.Request) -> web.Response:
 
 def _text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > 500:
-        raise ProblemError("invalid_request", f"{name} must be a non-empty string (≤ 500 chars)")
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, f"{name} must be a non-empty string (≤ 500 chars)"
+        )
     return value.strip()
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
@@ -36,17 +37,24 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     assert route.resource is not None
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
-        raise ProblemError("invalid_request", "the path names no valid resource", route=route.name)
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, "the path names no valid resource", route=route.name
+        )
     try:
         token = single_header(request, "Fence-Token")
         if token is None:
-            raise ProblemError("missing_token", f"route {route.name} needs a Fence-Token header")
+            raise ProblemError(
+                ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header"
+            )
         if not well_formed(token):
-            raise ProblemError("invalid_token", "the Fence-Token is not one this proxy issued")
+            raise ProblemError(
+                ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued"
+            )
         key = idempotency_key(request)
         if key is None and route.idempotency.required:
             raise ProblemError(
-                "missing_idempotency_key", f"route {route.name} needs an Idempotency-Key header"
+                ErrorCode.MISSING_IDEMPOTENCY_KEY,
+                f"route {route.name} needs an Idempotency-Key header",
             )
         body = await read_body(request, route.max_body_bytes)
     except ProblemError as exc:
@@ -146,14 +154,14 @@ def _answer(
         return web.Response(status=answer.status, headers=headers, body=answer.body)
     if kind is Answer.NOT_SENT:
         return problem(
-            "upstream_unreachable",
+            ErrorCode.UPSTREAM_UNREACHABLE,
             f"{reason}; nothing was sent, the operation can be retried",
             headers=fence,
             effect_id=effect.id,
         )
     if kind is Answer.UNKNOWN:
         return problem(
-            "outcome_unknown",
+            ErrorCode.OUTCOME_UNKNOWN,
             f"{reason}; {effect.resource} is blocked until the effect is reconciled",
             headers=fence,
             effect_id=effect.id,
@@ -163,7 +171,7 @@ def _answer(
         )
     if kind is Answer.CONFLICT:
         return problem(
-            "conflicting_evidence",
+            ErrorCode.CONFLICTING_EVIDENCE,
             f"{reason}, which contradicts what was established before; "
             f"{effect.resource} is blocked until an operator resolves {effect.id}",
             headers=fence,
@@ -178,7 +186,7 @@ def _answer(
         )
     # Settled not committed while the answer was on its way, and the answer was lost.
     return problem(
-        "effect_settled",
+        ErrorCode.EFFECT_SETTLED,
         f"{reason}; meanwhile the effect was settled {effect.state.value} "
         f"(by {effect.settled_by or 'its receipt'}): it did not take effect",
         headers=fence,
@@ -191,7 +199,7 @@ def _unrecorded(
     effect: EffectRecord, reason: str, upstream_status: int | None, fence: dict[str, str]
 ) -> web.Response:
     return problem(
-        "store_unavailable",
+        ErrorCode.STORE_UNAVAILABLE,
         f"{reason}, but the receipt could not be recorded; the request may have taken "
         f"effect, and {effect.resource} stays blocked until the effect is reconciled",
         headers=fence,

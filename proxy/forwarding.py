@@ -63,6 +63,9 @@ def new_client_session() -> aiohttp.ClientSession:
     )
     # Forward at most once: aiohttp otherwise re-sends GET/PUT/DELETE/... when a
     # pooled connection fails, and the first attempt may already have landed.
+    # aiohttp has no public switch for this (aio-libs/aiohttp#10790); this private
+    # attribute is the one its own TestClient sets. tests/unit/test_forwarding.py
+    # pins the behaviour, so an aiohttp that drops it fails a test, not a write.
     session._retry_connection = False
     return session
 

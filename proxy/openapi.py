@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.problems import STATUS_BY_CODE
+from core.codes import ErrorCode
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -21,6 +21,33 @@ _PROBLEM = {
 }
 _TOKEN = {"name": "Fence-Token", "in": "header", "required": True, "schema": {"type": "string"}}
 _ADMIN: list[dict[str, list[str]]] = [{"admin": []}]
+
+
+def _problem_schema() -> dict[str, Any]:
+    """RFC 9457 problem+json; one `oneOf` branch per code pins its status and title."""
+    return {
+        "type": "object",
+        "required": ["type", "title", "status", "detail", "code"],
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+            "code": {"type": "string", "enum": [code.value for code in ErrorCode]},
+        },
+        "oneOf": [
+            {
+                "title": code.value,
+                "description": code.when,
+                "properties": {
+                    "code": {"const": code.value},
+                    "status": {"const": code.status},
+                    "title": {"const": code.problem_title},
+                },
+            }
+            for code in ErrorCode
+        ],
+    }
 
 
 def document() -> dict[str, Any]:
@@ -54,17 +81,7 @@ def document() -> dict[str, Any]:
                         "in_doubt": {"type": "array", "items": {"type": "string"}},
                     },
                 },
-                "Problem": {
-                    "type": "object",
-                    "required": ["type", "title", "status", "detail", "code"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "title": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "detail": {"type": "string"},
-                        "code": {"type": "string", "enum": sorted(STATUS_BY_CODE)},
-                    },
-                },
+                "Problem": _problem_schema(),
             },
         },
         "paths": {

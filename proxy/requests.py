@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.codes import ErrorCode
 from policies import HOLDER_RE, RESOURCE_RE, LeaseBounds
 from proxy.problems import ProblemError
 
@@ -23,7 +24,7 @@ def single_header(request: web.Request, name: str) -> str | None:
     """The header's one value; two copies of a header that carries authority are ambiguous."""
     values = request.headers.getall(name, [])
     if len(values) > 1:
-        raise ProblemError("invalid_request", f"the {name} header appears more than once")
+        raise ProblemError(ErrorCode.INVALID_REQUEST, f"the {name} header appears more than once")
     return values[0] if values else None
 
 
@@ -32,19 +33,21 @@ def check_header_sizes(request: web.Request) -> None:
     for name, value in request.raw_headers:
         if len(value) > MAX_HEADER_VALUE:
             raise ProblemError(
-                "headers_too_large",
+                ErrorCode.HEADERS_TOO_LARGE,
                 f"header {name.decode('latin-1')} is over {MAX_HEADER_VALUE} bytes",
             )
         total += len(name) + len(value)
     if total > MAX_HEADER_TOTAL:
-        raise ProblemError("headers_too_large", f"headers are over {MAX_HEADER_TOTAL} bytes")
+        raise ProblemError(
+            ErrorCode.HEADERS_TOO_LARGE, f"headers are over {MAX_HEADER_TOTAL} bytes"
+        )
 
 
 def idempotency_key(request: web.Request) -> str | None:
     key = single_header(request, "Idempotency-Key")
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ProblemError(
-            "invalid_request", "Idempotency-Key must be 1-255 printable ASCII characters"
+            ErrorCode.INVALID_REQUEST, "Idempotency-Key must be 1-255 printable ASCII characters"
         )
     return key
 
@@ -54,7 +57,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise ProblemError(
-            "payload_too_large", f"the body is {declared} bytes; the limit is {limit}", limit=limit
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the body is {declared} bytes; the limit is {limit}",
+            limit=limit,
         )
     if declared is not None:
         # Framed by Content-Length (already checked against the limit): one read.
@@ -64,7 +69,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     async for chunk in request.content.iter_chunked(65536):
         size += len(chunk)
         if size > limit:
-            raise ProblemError("payload_too_large", f"the body is over {limit} bytes", limit=limit)
+            raise ProblemError(
+                ErrorCode.PAYLOAD_TOO_LARGE, f"the body is over {limit} bytes", limit=limit
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -76,13 +83,13 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProblemError("invalid_request", f"the body is not valid JSON: {exc}") from exc
+        raise ProblemError(ErrorCode.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise ProblemError("invalid_request", "the body must be a JSON object")
+        raise ProblemError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ProblemError(
-            "invalid_request",
+            ErrorCode.INVALID_REQUEST,
             f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})",
         )
     return data
@@ -91,7 +98,7 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
 def resource_name(value: Any, field: str = "resource") -> str:
     if not isinstance(value, str) or not RESOURCE_RE.match(value):
         raise ProblemError(
-            "invalid_request",
+            ErrorCode.INVALID_REQUEST,
             f"{field} must be 1-256 characters of A-Z a-z 0-9 . _ : @ / + = -",
         )
     return value
@@ -100,7 +107,7 @@ def resource_name(value: Any, field: str = "resource") -> str:
 def holder_name(value: Any) -> str:
     if not isinstance(value, str) or not HOLDER_RE.match(value):
         raise ProblemError(
-            "invalid_request", "holder must be 1-128 characters of A-Z a-z 0-9 . _ : @ -"
+            ErrorCode.INVALID_REQUEST, "holder must be 1-128 characters of A-Z a-z 0-9 . _ : @ -"
         )
     return value
 
@@ -109,10 +116,10 @@ def ttl(value: Any, bounds: LeaseBounds) -> float:
     if value is None:
         return bounds.default_ttl_s
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise ProblemError("invalid_request", "ttl_s must be a number of seconds")
+        raise ProblemError(ErrorCode.INVALID_REQUEST, "ttl_s must be a number of seconds")
     if not bounds.min_ttl_s <= value <= bounds.max_ttl_s:
         raise ProblemError(
-            "invalid_request",
+            ErrorCode.INVALID_REQUEST,
             f"ttl_s must be between {bounds.min_ttl_s:g} and {bounds.max_ttl_s:g}",
             min_ttl_s=bounds.min_ttl_s,
             max_ttl_s=bounds.max_ttl_s,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.records import Rejection
 from policies import Policy
 from proxy.metrics import Metrics
@@ -33,7 +34,7 @@ class Runtime:
     async def record_rejection(
         self,
         request: web.Request,
-        code: str,
+        code: ErrorCode,
         route: str | None = None,
         resource: str | None = None,
         holder: str | None = None,
@@ -65,9 +66,13 @@ def runtime_of(request: web.Request) -> Runtime:
 def require_admin(request: web.Request) -> None:
     expected = runtime_of(request).admin_token
     if not expected:
-        raise ProblemError("unauthorized", "the admin API is off: no admin token is configured")
+        raise ProblemError(
+            ErrorCode.UNAUTHORIZED, "the admin API is off: no admin token is configured"
+        )
     scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         credential.strip().encode(), expected.encode()
     ):
-        raise ProblemError("unauthorized", "this call needs Authorization: Bearer <admin token>")
+        raise ProblemError(
+            ErrorCode.UNAUTHORIZED, "this call needs Authorization: Bearer <admin token>"
+        )

@@ -11,7 +11,9 @@ are retried one transaction each, so one bad operation cannot take others down.
 A whole batch runs in one hop to aiosqlite's connection thread: the store's
 operations are coroutines that only await this module's transaction methods,
 which never suspend, so the thread can drive them to completion itself. A hop
-per statement (aiosqlite's public API) costs more than the statements do.
+per statement (aiosqlite's public API) costs more than the statements do, and
+aiosqlite has no public way to run a function of ours on its thread:
+`on_connection_thread` is the one place that uses its private members for that.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from store.queries import load_migrations, load_queries
 MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 Outcome = tuple[bool, Any]
-T_arg = TypeVar("T_arg")
+A = TypeVar("A")
 
 
 class SQLiteTx:
@@ -60,11 +62,18 @@ class SQLiteTx:
         return self._conn.execute(sql, params).rowcount
 
 
-async def _on_thread(
-    conn: aiosqlite.Connection, function: Callable[[T_arg], T], argument: T_arg
+async def on_connection_thread(
+    conn: aiosqlite.Connection, function: Callable[[sqlite3.Connection, A], T], argument: A
 ) -> T:
-    """Call `function` on the connection's own thread (aiosqlite's internal hop)."""
-    result: T = await conn._execute(function, argument)  # type: ignore[no-untyped-call]
+    """`function(the sqlite3 connection, argument)`, run on the connection's own thread.
+
+    aiosqlite (0.20-0.22, as pyproject bounds it) has no public API for this; it uses
+    `Connection._execute` (queue a callable for the connection's thread, await its
+    result) and `Connection._conn` (the sqlite3 connection that thread owns) itself.
+    tests/unit/test_sqlite_connection_thread.py pins both, so an aiosqlite release
+    that changes them fails a test rather than the store.
+    """
+    result: T = await conn._execute(function, conn._conn, argument)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -184,14 +193,12 @@ class SQLiteConnector:
     async def read(self, operation: Operation[T]) -> T:
         if self._reader is None:
             raise StoreUnavailable("the store is not open")
-        ok, value = await _on_thread(self._reader, self._read_in_thread, operation)
+        ok, value = await on_connection_thread(self._reader, self._read_in_thread, operation)
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]
 
-    def _read_in_thread(self, operation: Operation[Any]) -> Outcome:
-        assert self._reader is not None
-        conn = self._reader._conn
+    def _read_in_thread(self, conn: sqlite3.Connection, operation: Operation[Any]) -> Outcome:
         try:
             conn.execute("BEGIN")
             try:
@@ -208,26 +215,27 @@ class SQLiteConnector:
             batch = [await self._pending.get()]
             while len(batch) < MAX_BATCH and not self._pending.empty():
                 batch.append(self._pending.get_nowait())
-            await _on_thread(self._writer, self._write_in_thread, (batch, loop))
+            await on_connection_thread(self._writer, self._write_in_thread, (batch, loop))
 
     def _write_in_thread(
         self,
+        conn: sqlite3.Connection,
         work: tuple[list[tuple[Operation[Any], asyncio.Future[Any]]], asyncio.AbstractEventLoop],
     ) -> None:
         batch, loop = work
         operations = [operation for operation, _ in batch]
-        outcomes = self._transaction(operations)
+        outcomes = self._transaction(conn, operations)
         if len(operations) > 1 and not all(ok for ok, _ in outcomes):
             # One failed and took the batch down with it: each again, on its own.
-            outcomes = [self._transaction([operation])[0] for operation in operations]
+            outcomes = [self._transaction(conn, [operation])[0] for operation in operations]
         # Waiters are woken straight from here, not after this batch's own completion
         # reaches the writer task: one event-loop turn less on every store trip.
         loop.call_soon_threadsafe(_resolve, [future for _, future in batch], outcomes)
 
-    def _transaction(self, operations: list[Operation[Any]]) -> list[Outcome]:
+    def _transaction(
+        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
+    ) -> list[Outcome]:
         """Run operations in one transaction: all kept, or all failed and rolled back."""
-        assert self._writer is not None
-        conn = self._writer._conn
         results: list[Outcome] = []
         try:
             conn.execute("BEGIN IMMEDIATE")

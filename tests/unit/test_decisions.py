@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from core.codes import ErrorCode
 from core.fencing import (
     AdmissionRequest,
     Admit,
@@ -29,7 +30,7 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
-from proxy.problems import STATUS_BY_CODE, refusal_response
+from proxy.problems import refusal_response
 
 NOW = 1_000_000.0
 RESOURCE = "supplier:widget"
@@ -737,7 +738,7 @@ CONTRACT_STATUS = {
 
 
 def test_every_contract_code_has_the_contract_status() -> None:
-    assert {code: STATUS_BY_CODE.get(code) for code in CONTRACT_STATUS} == CONTRACT_STATUS
+    assert {code: ErrorCode(code).status for code in CONTRACT_STATUS} == CONTRACT_STATUS
 
 
 def test_refusal_response_is_problem_json_with_code_and_context() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import ConfigError, Outcome, Policy, Problem
+from policies import ConfigError, Outcome, Policy, Problem, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "example.yaml"
@@ -49,7 +49,7 @@ def with_text(*lines: str) -> str:
 
 def problems_of(text: str) -> list[Problem]:
     with pytest.raises(ConfigError) as info:
-        Policy.parse(text, "bad.yaml")
+        parse_policy(text, "bad.yaml")
     assert info.value.filename == "bad.yaml"
     return info.value.problems
 
@@ -62,14 +62,14 @@ def assert_single_problem(text: str, line: int, key: str, message_part: str) -> 
 
 @pytest.fixture(scope="module")
 def example() -> Policy:
-    return Policy.load(EXAMPLE)
+    return load_policy(EXAMPLE)
 
 
 # --- the example file -------------------------------------------------------------------
 
 
 def test_the_valid_base_used_by_these_tests_parses() -> None:
-    policy = Policy.parse(VALID)
+    policy = parse_policy(VALID)
     assert [route.name for route in policy.routes] == ["place-order"]
 
 
@@ -117,7 +117,7 @@ def test_example_pass_through_route_has_no_resource(example: Policy) -> None:
 
 
 def test_route_defaults_apply_when_keys_are_absent() -> None:
-    route = Policy.parse(VALID).routes[0]
+    route = parse_policy(VALID).routes[0]
     assert route.forward_fence_headers is False
     assert route.max_body_bytes == 1_048_576
     assert route.max_in_flight == 1
@@ -130,7 +130,7 @@ def test_top_level_defaults_apply_when_sections_are_absent() -> None:
     text = edit("leases: {min_ttl_s: 1, max_ttl_s: 300, default_ttl_s: 30}\n", "", text)
     text = edit("store: sqlite:///state/test.db\n", "", text)
     text = edit(", timeout_s: 5, connect_timeout_s: 1}", "}", text)
-    policy = Policy.parse(text)
+    policy = parse_policy(text)
     assert (policy.listen.host, policy.listen.port) == ("127.0.0.1", 8080)
     assert (policy.leases.min_ttl_s, policy.leases.max_ttl_s) == (1, 300)
     assert policy.leases.default_ttl_s == 30
@@ -142,7 +142,7 @@ def test_top_level_defaults_apply_when_sections_are_absent() -> None:
 
 def test_upstream_url_loses_its_trailing_slash() -> None:
     text = edit('"http://127.0.0.1:9001"', '"http://127.0.0.1:9001/"')
-    assert Policy.parse(text).upstreams["supplier"].url == "http://127.0.0.1:9001"
+    assert parse_policy(text).upstreams["supplier"].url == "http://127.0.0.1:9001"
 
 
 def test_policy_objects_are_frozen(example: Policy) -> None:
@@ -160,7 +160,7 @@ def test_route_named_finds_a_route_or_none(example: Policy) -> None:
 
 def test_load_of_a_missing_file_raises_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        Policy.load(tmp_path / "missing.yaml")
+        load_policy(tmp_path / "missing.yaml")
     assert info.value.filename == str(tmp_path / "missing.yaml")
 
 
@@ -168,7 +168,7 @@ def test_load_reports_problems_under_the_file_name(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(edit("version: 1", "version: 7"), encoding="utf-8")
     with pytest.raises(ConfigError) as info:
-        Policy.load(path)
+        load_policy(path)
     assert str(info.value) == f"{path}:1: version: only version 1 is known, got 7"
 
 
@@ -225,7 +225,7 @@ routes:
 
 
 def test_int_parameter_matches_digits_only() -> None:
-    policy = Policy.parse(TYPED)
+    policy = parse_policy(TYPED)
     found = policy.match("GET", "/items/42")
     assert found is not None
     assert (found.route.name, found.params) == ("by-id", {"id": "42"})
@@ -234,7 +234,7 @@ def test_int_parameter_matches_digits_only() -> None:
 
 
 def test_uuid_parameter_matches_a_uuid_only() -> None:
-    policy = Policy.parse(TYPED)
+    policy = parse_policy(TYPED)
     uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
     found = policy.match("GET", f"/items/{uuid}")
     assert found is not None
@@ -244,7 +244,7 @@ def test_uuid_parameter_matches_a_uuid_only() -> None:
 
 
 def test_regex_parameter_is_anchored_with_the_surrounding_literals() -> None:
-    policy = Policy.parse(TYPED)
+    policy = parse_policy(TYPED)
     found = policy.match("GET", "/files/report.txt")
     assert found is not None and found.params == {"name": "report"}
     assert policy.match("GET", "/files/report.txt.bak") is None
@@ -259,7 +259,7 @@ def test_routes_that_share_a_path_but_not_a_method_do_not_overlap() -> None:
         "    fence: none",
         '    match: {methods: [GET], path: "/orders/{id}"}',
     )
-    policy = Policy.parse(text)
+    policy = parse_policy(text)
     found = policy.match("GET", "/orders/x")
     assert found is not None and found.route.name == "read-order"
 
@@ -276,7 +276,7 @@ def test_resource_is_rendered_from_path_parameters(example: Policy) -> None:
 def test_resource_with_several_parameters_renders_each_in_place() -> None:
     text = edit('path: "/orders/{sku}"', 'path: "/shops/{shop}/orders/{sku}"')
     text = edit('resource: "supplier:{sku}"', 'resource: "{shop}/order:{sku}"', text)
-    policy = Policy.parse(text)
+    policy = parse_policy(text)
     found = policy.match("POST", "/shops/s1/orders/w9")
     assert found is not None and found.route.resource is not None
     assert found.route.resource.render(found.params) == "s1/order:w9"
@@ -284,7 +284,7 @@ def test_resource_with_several_parameters_renders_each_in_place() -> None:
 
 def test_resource_without_placeholders_is_one_fixed_resource() -> None:
     text = edit('resource: "supplier:{sku}"', 'resource: "supplier:all"')
-    route = Policy.parse(text).routes[0]
+    route = parse_policy(text).routes[0]
     assert route.resource is not None
     assert route.resource.render({"sku": "ignored"}) == "supplier:all"
 
@@ -308,7 +308,7 @@ def test_exact_code_beats_its_class(example: Policy) -> None:
 
 def test_exact_code_beats_its_class_whichever_list_names_it() -> None:
     text = with_route_keys('outcomes: {committed: ["2xx", "409"], not_committed: ["4xx"]}')
-    rules = Policy.parse(text).routes[0].outcomes
+    rules = parse_policy(text).routes[0].outcomes
     assert rules.classify(409) is Outcome.COMMITTED
     assert rules.classify(400) is Outcome.NOT_COMMITTED
 
@@ -320,7 +320,7 @@ def test_unmapped_status_is_unknown(example: Policy) -> None:
 
 
 def test_defaults_apply_when_outcomes_is_absent() -> None:
-    rules = Policy.parse(VALID).routes[0].outcomes
+    rules = parse_policy(VALID).routes[0].outcomes
     assert rules.classify(204) is Outcome.COMMITTED
     assert rules.classify(404) is Outcome.NOT_COMMITTED
     assert rules.classify(408) is Outcome.UNKNOWN
@@ -330,7 +330,7 @@ def test_defaults_apply_when_outcomes_is_absent() -> None:
 
 def test_a_listed_outcome_replaces_its_default_and_absent_ones_keep_theirs() -> None:
     text = with_route_keys('outcomes: {committed: ["201"]}')
-    rules = Policy.parse(text).routes[0].outcomes
+    rules = parse_policy(text).routes[0].outcomes
     assert rules.classify(201) is Outcome.COMMITTED
     assert rules.classify(200) is Outcome.UNKNOWN  # 2xx is no longer committed
     assert rules.classify(404) is Outcome.NOT_COMMITTED  # default not_committed kept
@@ -339,7 +339,7 @@ def test_a_listed_outcome_replaces_its_default_and_absent_ones_keep_theirs() -> 
 
 def test_status_codes_may_be_written_as_yaml_integers() -> None:
     text = with_route_keys("outcomes: {committed: [201], not_committed: [4xx]}")
-    rules = Policy.parse(text).routes[0].outcomes
+    rules = parse_policy(text).routes[0].outcomes
     assert rules.classify(201) is Outcome.COMMITTED
     assert rules.classify(422) is Outcome.NOT_COMMITTED
 
@@ -374,7 +374,7 @@ def test_reconcile_defaults_and_path_parameters_in_the_probe() -> None:
         '  committed: ["200"]',
         '  not_committed: ["404", "410"]',
     )
-    reconcile = Policy.parse(text).routes[0].reconcile
+    reconcile = parse_policy(text).routes[0].reconcile
     assert reconcile is not None
     assert reconcile.probe.method == "GET"
     assert reconcile.probe.path.names == ("sku",)
@@ -546,7 +546,7 @@ def test_sqlite_store_without_three_slashes() -> None:
 
 def test_postgresql_store_url_is_accepted() -> None:
     text = edit("store: sqlite:///state/test.db", "store: postgresql://fence@db:5432/fence")
-    assert Policy.parse(text).store == "postgresql://fence@db:5432/fence"
+    assert parse_policy(text).store == "postgresql://fence@db:5432/fence"
 
 
 def test_min_ttl_above_max_ttl() -> None:
@@ -676,12 +676,12 @@ def test_unknown_outcome_name() -> None:
 
 
 def test_upstream_idempotent_defaults_to_false() -> None:
-    assert Policy.parse(VALID).routes[0].upstream_idempotent is False
+    assert parse_policy(VALID).routes[0].upstream_idempotent is False
 
 
 def test_upstream_idempotent_with_required_keys_is_accepted() -> None:
     text = with_route_keys("idempotency: {required: true}", "upstream_idempotent: true")
-    assert Policy.parse(text).routes[0].upstream_idempotent is True
+    assert parse_policy(text).routes[0].upstream_idempotent is True
 
 
 def test_upstream_idempotent_without_required_keys() -> None:
@@ -703,7 +703,7 @@ RECONCILE = (
 
 
 def test_the_reconcile_fragment_used_by_these_tests_parses() -> None:
-    assert Policy.parse(with_route_keys(*RECONCILE)).routes[0].reconcile is not None
+    assert parse_policy(with_route_keys(*RECONCILE)).routes[0].reconcile is not None
 
 
 def test_reconcile_probe_path_naming_an_unknown_placeholder() -> None:
@@ -811,7 +811,7 @@ routes:
     match: {methods: [GET], path: "orders"}
 """
     with pytest.raises(ConfigError) as info:
-        Policy.parse(text, "bad.yaml")
+        parse_policy(text, "bad.yaml")
     problems = info.value.problems
     assert [(p.line, p.key) for p in problems] == [
         (1, "version"),
@@ -833,7 +833,7 @@ routes:
 
 # --- regressions: inputs the parser once accepted or crashed on ----------------------------
 # "A bad file is refused with every problem listed, each with its line and the key at
-# fault": a Python exception escaping Policy.parse, or a silently accepted value, breaks it.
+# fault": a Python exception escaping parse_policy, or a silently accepted value, breaks it.
 
 
 def test_regression_version_given_as_a_list_is_a_config_error_not_a_crash() -> None:
@@ -858,7 +858,7 @@ def test_regression_explicit_yaml_tag_is_a_config_error_not_a_crash(value: str) 
 
 
 def test_regression_malformed_upstream_url_is_a_config_error_not_a_crash() -> None:
-    # urlsplit raises ValueError("Invalid IPv6 URL"), which used to escape Policy.parse.
+    # urlsplit raises ValueError("Invalid IPv6 URL"), which used to escape parse_policy.
     text = edit('"http://127.0.0.1:9001"', '"http://[::1:9001"')
     assert_single_problem(text, 6, "upstreams.supplier.url", "expected an http(s) URL")
 

@@ -39,7 +39,7 @@ from multidict import CIMultiDict
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from demo.upstream import make_app as make_upstream_app
-from policies import Policy
+from policies import Policy, parse_policy
 from proxy.app import build_app
 from proxy.cli import PARSER_LIMITS
 from proxy.runtime import RUNTIME
@@ -451,7 +451,7 @@ async def make_fence(
             reconcile=reconcile,
             upstream_idempotent=upstream_idempotent,
         )
-        policy = Policy.parse(text)
+        policy = parse_policy(text)
         config_path = tmp_path / "fenceproxy.yaml"
         config_path.write_text(text, encoding="utf-8")
 

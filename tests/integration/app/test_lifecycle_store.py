@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectState, Refusal, StoredResponse
-from policies import Policy
+from policies import parse_policy
 from proxy.forwarding import new_client_session
 from reconcile.prober import probe_effect
 from store import Admitted, NewEffect, Store
@@ -345,7 +345,7 @@ async def probe_once(
             settle_s=settle_s,
             attempts=int(kw.get("attempts", 5)),
         )
-        policy = Policy.parse(text, "probe.yaml")
+        policy = parse_policy(text, "probe.yaml")
         effect = await store.effect(effect_id)
         assert effect is not None
         async with new_client_session() as session:

@@ -33,7 +33,8 @@ from typing import IO, Any, NamedTuple
 
 import pytest
 
-from demo.procs import ManagedProcess, demo_upstream_argv, free_port
+from demo.upstream import demo_upstream_argv
+from support.processes import ManagedProcess, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"

@@ -36,7 +36,8 @@ import asyncpg
 import pytest
 import yaml
 
-from demo.procs import ManagedProcess, demo_upstream_argv, free_port
+from demo.upstream import demo_upstream_argv
+from support.processes import ManagedProcess, free_port
 from tests import pg
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]

@@ -1,8 +1,10 @@
-"""Child-process helpers shared by the launcher, the benchmark and process tests.
+"""Child processes for the tools that run fenceproxy from outside.
 
-A `ManagedProcess` starts at construction, sends its output to a log file (so a
-failure can show what the child said) and is always stopped when used as a
-context manager.
+`make run` (demo/run_example.py), the benchmark (bench/) and the process and
+replica test suites (tests/integration/) all start real processes, wait until
+they answer and stop them. A `ManagedProcess` starts at construction, sends its
+output to a log file (so a failure can show what the child said) and is always
+stopped when used as a context manager; `free_port` finds a port to give it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -25,13 +26,6 @@ DEFAULT_TAIL_LINES = 40
 # Ignore any http_proxy/https_proxy in the environment: readiness checks must
 # reach the local child directly, never a corporate proxy.
 _direct_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def demo_upstream_argv(port: int, db_path: str | Path, access_log: bool = True) -> list[str]:
-    """The command that runs the bundled demo upstream in its own process on 127.0.0.1."""
-    argv = [sys.executable, "-m", "demo.upstream", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--db", str(db_path)]
-    return argv if access_log else [*argv, "--no-access-log"]
 
 
 def free_port() -> int:

@@ -1,0 +1,225 @@
+"""What the benchmark prints: the SQLite table (fenced against plain), the
+PostgreSQL comparison (one replica against two) with where the CPU went and
+what bounds the throughput, and the same figures as JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+from bench.cpu import LOAD_GENERATOR, CpuUsage
+from bench.targets import FENCED, PLAIN
+from bench.workload import Measurement
+
+# The goal for two replicas on one database (issue 4): this many times one replica.
+SCALE_OUT_GOAL = 1.5
+# The process groups whose CPU the PostgreSQL run accounts.
+FENCEPROXY_GROUP = "fenceproxy {name}"
+UPSTREAM_GROUP = "demo upstream"
+PG_DB_GROUP = "postgres: the bench database's backends"
+PG_ALL_GROUP = "postgres: every server process"
+OTHERS = "everything else on the machine"
+
+
+def header_lines(warmup_s: float, duration_s: float, durability: str) -> list[str]:
+    return [
+        f"nproc: {len(os.sched_getaffinity(0))}   python {platform.python_version()}   "
+        f"aiohttp {aiohttp.__version__}",
+        f"fenceproxy SQLite store: {durability}",
+        f"per round: {warmup_s:g} s warm-up, then {duration_s:g} s measured",
+    ]
+
+
+def ratios(measurements: list[Measurement]) -> dict[int, float]:
+    """fenced/plain req/s for each concurrency that has both figures."""
+    by_key = {(m.target, m.concurrency): m for m in measurements}
+    return {
+        concurrency: by_key[(FENCED, concurrency)].req_per_s / plain.req_per_s
+        for (target, concurrency), plain in by_key.items()
+        if target == PLAIN and (FENCED, concurrency) in by_key and plain.req_per_s > 0
+    }
+
+
+def format_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def report_table(measurements: list[Measurement]) -> list[str]:
+    lines = [
+        f"{'target':<8} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
+    ]
+    for m in measurements:
+        lines.append(
+            f"{m.target:<8} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
+        )
+        lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
+        if m.cpu is not None and m.req_per_s > 0:
+            cost = ", ".join(
+                f"{name} {10 * percent / m.req_per_s:.2f}"
+                for name, percent in m.cpu.percent.items()
+                if percent >= 5
+            )
+            busy = m.cpu.machine_busy_percent
+            lines.append(f"{'':>10}CPU ms per request: {cost}; machine {busy:.0f}% busy")
+    lines.extend(
+        f"fenced/plain req/s at concurrency {concurrency}: {ratio:.2f}"
+        for concurrency, ratio in ratios(measurements).items()
+    )
+    return lines
+
+
+@dataclass(frozen=True)
+class PostgresRun:
+    """One replica against two, on one fresh PostgreSQL database."""
+
+    concurrency: int
+    pool_max: int
+    rounds: list[Measurement]  # one replica, then two
+
+    @property
+    def two_over_one(self) -> float | None:
+        one, two = self.rounds
+        return two.req_per_s / one.req_per_s if one.req_per_s > 0 else None
+
+
+def unaccounted_percent(cpu: CpuUsage) -> float:
+    """Busy CPU that none of the benchmark's processes used (other work on the machine,
+    the kernel's own), in % of one core."""
+    accounted = sum(v for k, v in cpu.percent.items() if k != PG_DB_GROUP)  # a subset of all
+    return max(0.0, cpu.machine_busy_percent * cpu.cores - accounted)
+
+
+def cpu_ms_per_request(measurement: Measurement) -> dict[str, float]:
+    """CPU milliseconds each process group spent per request answered in the window."""
+    cpu = measurement.cpu
+    if cpu is None or measurement.req_per_s <= 0:
+        return {}
+    groups = {
+        "fenceproxy": sum(v for k, v in cpu.percent.items() if k.startswith("fenceproxy")),
+        "PostgreSQL": cpu.percent.get(PG_ALL_GROUP, 0.0),
+        "the demo upstream": cpu.percent.get(UPSTREAM_GROUP, 0.0),
+        "the load generator": cpu.percent.get(LOAD_GENERATOR, 0.0),
+    }
+    return {name: 10 * percent / measurement.req_per_s for name, percent in groups.items()}
+
+
+def bound_verdict(run: PostgresRun) -> list[str]:
+    """What bounds two replicas' throughput, from the CPU accounted in their window."""
+    ratio = run.two_over_one
+    two = run.rounds[1].cpu
+    if ratio is None or two is None:
+        return ["no verdict: a round measured nothing"]
+    lines = [
+        f"two replicas give {ratio:.2f}x one replica's throughput "
+        f"(goal {SCALE_OUT_GOAL}x: {'met' if ratio >= SCALE_OUT_GOAL else 'not met'})."
+    ]
+    for measurement in run.rounds:
+        cost = cpu_ms_per_request(measurement)
+        total = sum(cost.values())
+        if total <= 0:
+            continue
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in cost.items())
+        lines.append(
+            f"{measurement.replicas} replica(s): CPU ms per request: {parts}; {total:.2f} in all, "
+            f"so {two.cores} cores serve at most {two.cores * 1000 / total:.0f} req/s "
+            f"(measured {measurement.req_per_s:.0f})."
+        )
+    database = two.percent.get(PG_ALL_GROUP, 0.0)
+    if ratio >= SCALE_OUT_GOAL:
+        pass
+    elif two.machine_busy_percent >= 90:
+        lines.append(
+            f"Bound: CPU. With two replicas the {two.cores} cores were "
+            f"{two.machine_busy_percent:.0f}% busy. The processes that serve a request (load "
+            "generator, proxy, upstream, database) share the same cores, so a second replica "
+            "adds no capacity: it splits the proxies' share, and the per-request cost above "
+            "does not fall."
+        )
+    elif database >= 90:
+        lines.append("Bound: the database (its server processes use about a core or more).")
+    else:
+        lines.append(
+            f"Bound: not CPU (the cores were {two.machine_busy_percent:.0f}% busy) nor the "
+            "database's CPU: waits (connection pool, row locks, round trips); try --pg-pool."
+        )
+    unaccounted = unaccounted_percent(two)
+    if unaccounted >= 20:
+        lines.append(
+            f"Caution: {unaccounted:.0f}% of one core went to processes outside the benchmark; "
+            "the figures are lower than on an idle machine."
+        )
+    return lines
+
+
+def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
+    lines = [
+        f"PostgreSQL store: fenced at concurrency {run.concurrency}, one fresh database, "
+        f"store_pool max_size {run.pool_max} per replica",
+        f"{'replicas':<8} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}",
+    ]
+    for m in run.rounds:
+        lines.append(
+            f"{m.replicas:<8} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
+        )
+        lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
+    ratio = run.two_over_one
+    lines.append(f"two replicas / one replica req/s: {'-' if ratio is None else f'{ratio:.2f}'}")
+    same = [m for m in sqlite if m.target == FENCED and m.concurrency == run.concurrency]
+    if same:
+        lines.append(
+            f"fenced req/s at concurrency {run.concurrency}: SQLite (one process) "
+            f"{same[0].req_per_s:.1f}; PostgreSQL one replica {run.rounds[0].req_per_s:.1f}, "
+            f"two replicas {run.rounds[1].req_per_s:.1f}"
+        )
+    one_cpu, two_cpu = run.rounds[0].cpu, run.rounds[1].cpu
+    if one_cpu is not None and two_cpu is not None:
+        lines += ["", "CPU in each measured window, % of one core (utime+stime from /proc):"]
+        lines.append(f"  {'process':<44} {'1 replica':>10} {'2 replicas':>10}")
+        for name in two_cpu.percent:
+            lines.append(
+                f"  {name:<44} {one_cpu.percent.get(name, 0.0):>10.1f} "
+                f"{two_cpu.percent[name]:>10.1f}"
+            )
+        lines.append(
+            f"  {OTHERS:<44} {unaccounted_percent(one_cpu):>10.1f} "
+            f"{unaccounted_percent(two_cpu):>10.1f}"
+        )
+        lines.append(
+            f"  {f'machine busy, % of all {two_cpu.cores} cores':<44} "
+            f"{one_cpu.machine_busy_percent:>10.1f} {two_cpu.machine_busy_percent:>10.1f}"
+        )
+    return [*lines, "", *bound_verdict(run)]
+
+
+def json_figures(
+    warmup_s: float,
+    duration_s: float,
+    durability: str,
+    measurements: list[Measurement],
+    postgres: PostgresRun | None,
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "fenceproxy_sqlite": durability,
+        "warmup_s": warmup_s,
+        "duration_s": duration_s,
+        "results": [asdict(m) for m in measurements],
+        "fenced_over_plain": {str(c): ratio for c, ratio in ratios(measurements).items()},
+    }
+    if postgres is not None:
+        figures["postgresql"] = {
+            "concurrency": postgres.concurrency,
+            "store_pool_max_size": postgres.pool_max,
+            "results": [asdict(m) for m in postgres.rounds],
+            "two_over_one": postgres.two_over_one,
+            "bound": bound_verdict(postgres),
+        }
+    return figures

@@ -1,0 +1,156 @@
+"""The error codes a client can see, each with its HTTP status, title and meaning.
+
+`ErrorCode` names the codes; `_PROBLEMS` is the one table that gives each its
+status, the problem document's `title`, and when it is answered. The problem
+responses, the OpenAPI document and the README's "Error codes" table all come
+from (or are tested against) this table, so a code cannot exist in one and not
+the others. `when` is the README's cell verbatim (Markdown), which OpenAPI
+descriptions accept as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    MISSING_IDEMPOTENCY_KEY = "missing_idempotency_key"
+    MISSING_TOKEN = "missing_token"
+    UNAUTHORIZED = "unauthorized"
+    INVALID_TOKEN = "invalid_token"
+    WRONG_RESOURCE = "wrong_resource"
+    NO_ROUTE = "no_route"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    STALE_EPOCH = "stale_epoch"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_HELD = "lease_held"
+    EFFECT_IN_FLIGHT = "effect_in_flight"
+    EFFECT_SETTLED = "effect_settled"
+    REQUEST_IN_PROGRESS = "request_in_progress"
+    LEASE_TOO_SHORT = "lease_too_short"
+    CONFLICTING_EVIDENCE = "conflicting_evidence"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    RESOURCE_BLOCKED = "resource_blocked"
+    INTERNAL_ERROR = "internal_error"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    STORE_UNAVAILABLE = "store_unavailable"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+    @property
+    def status(self) -> int:
+        return _PROBLEMS[self].status
+
+    # Not `title`: that name is str.title(), which a StrEnum must keep.
+    @property
+    def problem_title(self) -> str:
+        return _PROBLEMS[self].title
+
+    @property
+    def when(self) -> str:
+        return _PROBLEMS[self].when
+
+
+@dataclass(frozen=True)
+class _Problem:
+    status: int
+    title: str
+    when: str
+
+
+_PROBLEMS = {
+    ErrorCode.INVALID_REQUEST: _Problem(
+        400,
+        "Invalid request",
+        "malformed JSON, unknown field, bad resource or holder, ttl out of bounds, duplicated "
+        "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`",
+    ),
+    ErrorCode.MISSING_IDEMPOTENCY_KEY: _Problem(
+        400, "Idempotency-Key required", "the route requires one"
+    ),
+    ErrorCode.MISSING_TOKEN: _Problem(
+        401, "Fence-Token required", "fenced route, no `Fence-Token`"
+    ),
+    ErrorCode.UNAUTHORIZED: _Problem(
+        401,
+        "Admin token required",
+        "admin call without a valid admin token (or the admin API is off)",
+    ),
+    ErrorCode.INVALID_TOKEN: _Problem(
+        403, "Fence-Token not issued here", "malformed, unknown or forged token"
+    ),
+    ErrorCode.WRONG_RESOURCE: _Problem(
+        403, "Token guards another resource", "the token's lease guards another resource"
+    ),
+    ErrorCode.NO_ROUTE: _Problem(404, "No route", "nothing in the policy matches; never forwarded"),
+    ErrorCode.NOT_FOUND: _Problem(404, "Not found", "no such effect"),
+    ErrorCode.METHOD_NOT_ALLOWED: _Problem(
+        405, "Method not allowed", "wrong method on a control endpoint"
+    ),
+    ErrorCode.STALE_EPOCH: _Problem(
+        409,
+        "Lease no longer current",
+        "the token's lease is no longer current: superseded, revoked or released",
+    ),
+    ErrorCode.LEASE_EXPIRED: _Problem(
+        409, "Lease expired", "the lease is current but past `expires_at`"
+    ),
+    ErrorCode.LEASE_HELD: _Problem(
+        409, "Resource already leased", "acquire while a lease is live (`Retry-After` set)"
+    ),
+    ErrorCode.EFFECT_IN_FLIGHT: _Problem(
+        409,
+        "Effect in flight",
+        "`max_in_flight` effects are being forwarded; or resolve on an effect whose request "
+        "may still be in flight",
+    ),
+    ErrorCode.EFFECT_SETTLED: _Problem(
+        409,
+        "Effect already settled",
+        "probe or resolve on an effect that is no longer in doubt",
+    ),
+    ErrorCode.REQUEST_IN_PROGRESS: _Problem(
+        409, "Request in progress", "the same idempotency key is being forwarded now"
+    ),
+    ErrorCode.LEASE_TOO_SHORT: _Problem(
+        409,
+        "Lease too short for the upstream timeout",
+        "the lease would expire before the upstream timeout ends: renew first",
+    ),
+    ErrorCode.CONFLICTING_EVIDENCE: _Problem(
+        409,
+        "Conflicting evidence about an effect",
+        "an effect's evidence contradicts its settled state; the resource is blocked until an "
+        "operator resolves it",
+    ),
+    ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
+    ErrorCode.HEADERS_TOO_LARGE: _Problem(
+        431, "Request headers too large", "one header over 8 KiB or all over 32 KiB"
+    ),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: _Problem(
+        422,
+        "Idempotency-Key reused for another request",
+        "same key, different request fingerprint (method, path, query, body hash)",
+    ),
+    ErrorCode.RESOURCE_BLOCKED: _Problem(
+        423,
+        "Resource blocked by an effect in doubt",
+        "an effect on the resource is in doubt (acquire and mutate both)",
+    ),
+    ErrorCode.INTERNAL_ERROR: _Problem(500, "Internal error", "a bug; nothing was forwarded"),
+    ErrorCode.UPSTREAM_UNREACHABLE: _Problem(
+        502, "Upstream unreachable", "nothing was sent; effect `NOT_SENT`"
+    ),
+    ErrorCode.STORE_UNAVAILABLE: _Problem(
+        503, "Store unavailable", "the store did not answer; nothing was decided"
+    ),
+    ErrorCode.OUTCOME_UNKNOWN: _Problem(
+        504,
+        "Outcome unknown",
+        "sent, outcome unknown; effect `UNKNOWN`, resource now blocked",
+    ),
+}

@@ -1,0 +1,102 @@
+"""The error code table is the only source of codes: the problem responses, the
+OpenAPI document and the README's table agree with it, and a code that is not in
+it never reaches a client, not even as a bare 500."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpClient
+
+from core.codes import ErrorCode
+from core.records import Refusal
+from proxy import openapi
+from proxy.app import problem_middleware
+from proxy.problems import ProblemError, problem
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_error_table() -> list[tuple[str, int, str]]:
+    """(code, status, when) of each row under README's "### Error codes"."""
+    section = README.read_text(encoding="utf-8").split("### Error codes\n", 1)[1]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("## "):
+            break
+        if line.startswith("| `"):
+            code, status, when = line.strip().strip("|").strip().split(" | ", 2)
+            rows.append((code.strip("`"), int(status), when))
+    return rows
+
+
+def test_every_code_has_a_status_a_title_and_a_meaning() -> None:
+    for code in ErrorCode:
+        assert 400 <= code.status <= 599, code
+        assert code.problem_title and code.when, code
+
+
+def test_readme_lists_exactly_the_codes_of_the_table_with_their_statuses() -> None:
+    rows = readme_error_table()
+    assert len(rows) == len({code for code, _, _ in rows}), "a code appears twice"
+    assert {code: (status, when) for code, status, when in rows} == {
+        code.value: (code.status, code.when) for code in ErrorCode
+    }
+
+
+def test_openapi_lists_exactly_the_codes_of_the_table_with_their_statuses() -> None:
+    schema = openapi.document()["components"]["schemas"]["Problem"]
+    assert schema["properties"]["code"]["enum"] == [code.value for code in ErrorCode]
+    branches = {
+        branch["properties"]["code"]["const"]: branch["properties"]["status"]["const"]
+        for branch in schema["oneOf"]
+    }
+    assert len(schema["oneOf"]) == len(branches)
+    assert branches == {code.value: code.status for code in ErrorCode}
+
+
+def test_problem_body_keeps_its_shape_with_the_table_title() -> None:
+    response = problem(
+        ErrorCode.STALE_EPOCH, "superseded", resource="rule:r1", epoch=1, holder=None
+    )
+    assert response.status == 409
+    assert response.content_type == "application/problem+json"
+    assert isinstance(response.body, bytes)
+    assert json.loads(response.body) == {
+        "type": "https://fenceproxy.dev/problems/stale_epoch",
+        "title": "Lease no longer current",
+        "status": 409,
+        "detail": "superseded",
+        "code": "stale_epoch",
+        "resource": "rule:r1",
+        "epoch": 1,
+    }
+
+
+def test_a_refusal_takes_a_code_by_its_string_but_refuses_an_unknown_one() -> None:
+    assert Refusal("stale_epoch", "old").code is ErrorCode.STALE_EPOCH
+    with pytest.raises(ValueError, match="no_such_code"):
+        Refusal("no_such_code", "a typo in a rule")
+
+
+async def test_an_unknown_code_reaching_the_middleware_is_an_internal_error(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    async def raises(request: web.Request) -> web.Response:
+        raise ProblemError("no_such_code", "raised")  # type: ignore[arg-type]
+
+    async def returns(request: web.Request) -> web.Response:
+        return problem("no_such_code", "returned")  # type: ignore[arg-type]
+
+    app = web.Application(middlewares=[problem_middleware])
+    app.router.add_get("/raises", raises)
+    app.router.add_get("/returns", returns)
+    client = await aiohttp_client(app)
+    for path in ("/raises", "/returns"):
+        response = await client.get(path)
+        assert response.status == 500, path
+        assert response.content_type == "application/problem+json", path
+        assert (await response.json(content_type=None))["code"] == "internal_error", path

@@ -1,0 +1,38 @@
+"""The package floors of README's "Layout": each package imports only itself and the
+packages below it, so there is no cycle between them (policies must never import
+the store, for instance, which is why the store URL schemes live in policies/)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOORS = ("policies", "core", "store", "reconcile", "proxy")
+BESIDE = ("demo", "support", "bench", "tests")
+
+
+def project_imports(source: Path) -> set[str]:
+    """The project's top-level packages that `source` imports (TYPE_CHECKING included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.partition(".")[0])
+    return found & {*FLOORS, *BESIDE}
+
+
+@pytest.mark.parametrize("floor", range(len(FLOORS)), ids=FLOORS)
+def test_a_package_imports_only_the_floors_below_it(floor: int) -> None:
+    allowed = set(FLOORS[: floor + 1])
+    sources = sorted((ROOT / FLOORS[floor]).rglob("*.py"))
+    assert sources
+    upward = {
+        str(source.relative_to(ROOT)): sorted(project_imports(source) - allowed)
+        for source in sources
+        if project_imports(source) - allowed
+    }
+    assert upward == {}
