@@ -111,7 +111,8 @@ _PROBLEMS = {
     ErrorCode.EFFECT_SETTLED: _Problem(
         409,
         "Effect already settled",
-        "probe or resolve on an effect that is no longer in doubt",
+        "probe or resolve on an effect that is no longer in doubt; a lost answer to a request "
+        "whose effect was meanwhile settled not committed",
     ),
     ErrorCode.REQUEST_IN_PROGRESS: _Problem(
         409, "Request in progress", "the same idempotency key is being forwarded now"
@@ -139,14 +140,17 @@ _PROBLEMS = {
     ErrorCode.RESOURCE_BLOCKED: _Problem(
         423,
         "Resource blocked by an effect in doubt",
-        "an effect on the resource is in doubt (acquire and mutate both)",
+        "an effect on the resource is in doubt or conflicting (acquire and mutate both)",
     ),
     ErrorCode.INTERNAL_ERROR: _Problem(500, "Internal error", "a bug; nothing was forwarded"),
     ErrorCode.UPSTREAM_UNREACHABLE: _Problem(
         502, "Upstream unreachable", "nothing was sent; effect `NOT_SENT`"
     ),
     ErrorCode.STORE_UNAVAILABLE: _Problem(
-        503, "Store unavailable", "the store did not answer; nothing was decided"
+        503,
+        "Store unavailable",
+        "the store did not answer: before dispatch nothing was decided; after it the receipt "
+        "was not recorded and the effect stays in doubt",
     ),
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,
