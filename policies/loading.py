@@ -249,7 +249,20 @@ def _parse_reconcile(node: Node, problems: Problems, route: _RouteDraft) -> Reco
                     )
                 probe = Probe(method, template)
     rules = _parse_status_rules(block, ("committed", "not_committed"), None)
-    settle = block.number("settle_s", default=0)
+    # settle_s says "after this long since dispatch the upstream will not apply the write
+    # any more". The upstream may still apply a write the proxy gave up on at its timeout,
+    # so a window shorter than the timeout contradicts the timeout itself: a "not found"
+    # inside it would free the key of a write still on its way (a second order).
+    timeout_s = route.upstream.timeout_s if route.upstream else 0.0
+    settle = block.number("settle_s", default=timeout_s)
+    if settle is not None and route.upstream is not None and settle < timeout_s:
+        problems.add(
+            block.children["settle_s"],
+            f"settle_s ({settle:g}) is below upstream {route.upstream.name}'s timeout_s "
+            f"({timeout_s:g}): a write that timed out may still land after a 'not found'; "
+            f"use at least {timeout_s:g}",
+        )
+        settle = None
     attempts = block.number("attempts", default=5, minimum=1, integer=True)
     if probe is None or rules is None or settle is None or attempts is None:
         return None
@@ -260,6 +273,7 @@ def _parse_reconcile(node: Node, problems: Problems, route: _RouteDraft) -> Reco
 class _RouteDraft:
     params: tuple[str, ...]
     idempotency_required: bool
+    upstream: Upstream | None
 
 
 _ROUTE_KEYS = {
@@ -339,7 +353,7 @@ def _parse_route(node: Node, problems: Problems, upstreams: dict[str, Upstream])
     if reconcile_node is not None:
         if not fenced:
             problems.add(reconcile_node, "reconcile only applies to fenced routes")
-        draft = _RouteDraft(path.params if path else (), idempotency.required)
+        draft = _RouteDraft(path.params if path else (), idempotency.required, upstream)
         reconcile = _parse_reconcile(reconcile_node, problems, draft)
     if len(problems.items) > before:
         return None

@@ -357,7 +357,7 @@ def test_example_reconcile_block_is_parsed(example: Policy) -> None:
     assert reconcile.rules.classify(404) is Outcome.NOT_COMMITTED
     assert reconcile.rules.classify(500) is Outcome.UNKNOWN
     assert reconcile.rules.classify(201) is Outcome.UNKNOWN
-    assert (reconcile.settle_s, reconcile.attempts) == (2, 5)
+    assert (reconcile.settle_s, reconcile.attempts) == (10, 5)
 
 
 def test_probe_path_renders_url_quoted_values(example: Policy) -> None:
@@ -379,7 +379,38 @@ def test_reconcile_defaults_and_path_parameters_in_the_probe() -> None:
     assert reconcile.probe.method == "GET"
     assert reconcile.probe.path.names == ("sku",)
     assert reconcile.rules.classify(410) is Outcome.NOT_COMMITTED
-    assert (reconcile.settle_s, reconcile.attempts) == (0, 5)
+    # settle_s defaults to the upstream's timeout: the shortest window that can be right.
+    assert (reconcile.settle_s, reconcile.attempts) == (5, 5)
+
+
+def test_a_settle_window_shorter_than_the_upstream_timeout_is_refused() -> None:
+    # A write the proxy gave up on at 5 s may still land at 8 s: a "not found" at 2 s
+    # would free its key for a second order.
+    assert_single_problem(
+        with_route_keys(
+            "idempotency: {required: true}",
+            "reconcile:",
+            '  probe: {path: "/orders/by-key/{idempotency_key}"}',
+            '  committed: ["200"]',
+            '  not_committed: ["404"]',
+            "  settle_s: 4.5",
+        ),
+        18,
+        "routes[0].reconcile.settle_s",
+        "settle_s (4.5) is below upstream supplier's timeout_s (5)",
+    )
+
+
+def test_a_settle_window_as_long_as_the_upstream_timeout_is_accepted() -> None:
+    text = with_route_keys(
+        "reconcile:",
+        '  probe: {path: "/orders/{sku}"}',
+        '  committed: ["200"]',
+        '  not_committed: ["404"]',
+        "  settle_s: 5",
+    )
+    reconcile = parse_policy(text).routes[0].reconcile
+    assert reconcile is not None and reconcile.settle_s == 5
 
 
 # --- bad configs: each problem with its exact line and key path -------------------------

@@ -63,8 +63,9 @@ def proxy_config(
     store_url: str,
     *,
     timeout_s: float = 0.3,
-    settle_s: float = 0.5,
+    settle_s: float | None = None,
 ) -> dict[str, Any]:
+    """`settle_s` defaults to the upstream timeout, the shortest the policy allows."""
     config: dict[str, Any] = {
         "version": 1,
         "listen": {"host": "127.0.0.1", "port": port},
@@ -92,7 +93,7 @@ def proxy_config(
                     "probe": {"method": "GET", "path": "/orders/by-key/{idempotency_key}"},
                     "committed": ["200"],
                     "not_committed": ["404"],
-                    "settle_s": settle_s,
+                    "settle_s": max(timeout_s, 0.5) if settle_s is None else settle_s,
                     "attempts": 8,
                 },
             },
@@ -189,7 +190,7 @@ class Fleet:
         *,
         port: int | None = None,
         timeout_s: float = 0.3,
-        settle_s: float = 0.5,
+        settle_s: float | None = None,
     ) -> tuple[Path, int]:
         port = port or free_port()
         path = self.tmp_path / f"{name}.yaml"
@@ -227,7 +228,7 @@ class Fleet:
             proxy.process.wait_http_ok(f"{proxy.url}/_fence/readyz", STARTUP_TIMEOUT_S)
 
     def start_proxy(
-        self, name: str, store_url: str, *, timeout_s: float = 0.3, settle_s: float = 0.5
+        self, name: str, store_url: str, *, timeout_s: float = 0.3, settle_s: float | None = None
     ) -> Proxy:
         config_path, port = self.write_config(
             name, store_url, timeout_s=timeout_s, settle_s=settle_s
@@ -242,7 +243,7 @@ class Fleet:
         skews: list[float | None],
         *,
         timeout_s: float = 0.3,
-        settle_s: float = 0.5,
+        settle_s: float | None = None,
     ) -> list[Proxy]:
         """One replica per entry of `skews`, started together (they migrate the fresh
         database concurrently), each answering /_fence/readyz before this returns."""

@@ -512,7 +512,7 @@ async def test_sigkill_mid_flight_is_swept_by_another_replica_and_probed(
     pg_url: str, fleet: Fleet
 ) -> None:
     fleet.start_upstream()
-    r0, victim, r2 = fleet.start_replicas(pg_url, [None, None, None], timeout_s=3.0, settle_s=0.5)
+    r0, victim, r2 = fleet.start_replicas(pg_url, [None, None, None], timeout_s=3.0)
     survivors = {r0.instance_id, r2.instance_id}
     async with api_for(fleet) as api:
         token, key, effect = await kill_mid_flight(api, r0, victim, "kill", delay_ms=1500)
@@ -559,7 +559,7 @@ async def test_concurrent_sweeps_record_one_recovery(pg_url: str, fleet: Fleet) 
     UNKNOWN (and the probe then settles). Once the lock is gone exactly one recovery is recorded.
     """
     fleet.start_upstream()
-    r0, victim, r2 = fleet.start_replicas(pg_url, [None, None, None], timeout_s=1.0, settle_s=0.5)
+    r0, victim, r2 = fleet.start_replicas(pg_url, [None, None, None], timeout_s=1.0)
     async with api_for(fleet) as api:
         holder = await asyncpg.connect(pg_url)
         watcher = await asyncpg.connect(pg_url)
