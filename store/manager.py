@@ -22,7 +22,6 @@ from core.records import (
     EffectEvent,
     EffectRecord,
     EffectState,
-    IdempotencyRecord,
     LeaseRecord,
     OpenEffect,
     Refusal,
@@ -31,6 +30,7 @@ from core.records import (
     StoredResponse,
 )
 from store.base import Connector, Row, StoreError, Tx
+from store.rows import effect_record, idempotency_record, lease_record
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class Store:
                 state = None
             existing = None
             if new.idempotency_key is not None and state is not None:
-                existing = _idempotency(
+                existing = idempotency_record(
                     await tx.one(
                         "idempotency_record", resource=new.resource, key=new.idempotency_key
                     )
@@ -336,7 +336,7 @@ class Store:
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
             row = await tx.one("effect", id=effect_id)
-            return _effect(row) if row else None
+            return effect_record(row) if row else None
 
         return await self.connector.read(operation)
 
@@ -345,7 +345,7 @@ class Store:
     ) -> list[EffectRecord]:
         async def operation(tx: Tx) -> list[EffectRecord]:
             rows = await tx.all("effects", resource=resource, state=state, limit=limit)
-            return [_effect(row) for row in rows]
+            return [effect_record(row) for row in rows]
 
         return await self.connector.read(operation)
 
@@ -388,7 +388,7 @@ class Store:
 
     async def in_doubt(self, limit: int = 1000) -> list[EffectRecord]:
         async def operation(tx: Tx) -> list[EffectRecord]:
-            return [_effect(row) for row in await tx.all("in_doubt_effects", limit=limit)]
+            return [effect_record(row) for row in await tx.all("in_doubt_effects", limit=limit)]
 
         return await self.connector.read(operation)
 
@@ -402,7 +402,7 @@ class Store:
             if row is None:
                 return None, []
             events = await tx.all("effect_events", effect_id=effect_id)
-            return _effect(row), [EffectEvent(**event) for event in events]
+            return effect_record(row), [EffectEvent(**event) for event in events]
 
         return await self.connector.read(operation)
 
@@ -420,7 +420,7 @@ class Store:
                     now=tx.now,
                 )
                 if taken:
-                    claimed.append(_effect(row))
+                    claimed.append(effect_record(row))
             return claimed
 
         return await self.connector.write(operation)
@@ -493,7 +493,7 @@ class Store:
             row = await _locked_effect(tx, effect_id)
             if row is None:
                 return Refusal("not_found", f"no effect {effect_id}", {"effect_id": effect_id})
-            refusal = check_resolvable(_effect(row), tx.now)
+            refusal = check_resolvable(effect_record(row), tx.now)
             if refusal is not None:
                 return refusal
             actor = f"operator:{operator}"
@@ -593,7 +593,7 @@ async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
     row = await tx.one("resource_state", resource=resource)
     assert row is not None  # the query always answers one row
     epoch = int(row["epoch"] or 0)
-    lease = _lease(row) if row["holder"] is not None else None
+    lease = lease_record(row) if row["holder"] is not None else None
     open_effects = tuple(
         OpenEffect(
             id=r["id"],
@@ -661,7 +661,7 @@ async def _apply(
         row = await _locked_effect(tx, effect_id)
         if row is None:
             return None
-    before = _effect(row)
+    before = effect_record(row)
     step = lifecycle.transition(before.state, event)
     if step is None:
         raise StoreError(f"{event.value} is not allowed on a {before.state.value} effect")
@@ -709,7 +709,7 @@ async def _apply(
                 inconclusive = event is Event.PROBE_INCONCLUSIVE
                 conclusion = "inconclusive" if inconclusive else step.next.value.lower()
         await _insert_event(tx, effect_id, kind, actor, upstream_status, conclusion, detail)
-    after = _effect(await _effect_row(tx, effect_id)) if moved else before
+    after = effect_record(await _effect_row(tx, effect_id)) if moved else before
     return _Step(step, after, moved, key_holder)
 
 
@@ -752,7 +752,7 @@ async def _apply_key(
 async def _lease_and_state(
     tx: Tx, token_hash: str
 ) -> tuple[LeaseRecord | None, ResourceState | None]:
-    lease = _lease(await tx.one("lease_by_token", token_hash=token_hash))
+    lease = lease_record(await tx.one("lease_by_token", token_hash=token_hash))
     if lease is None:
         return None, None
     state = await _resource_state(tx, lease.resource, lock=True)
@@ -807,64 +807,4 @@ async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
         holder=rejection.holder,
         epoch=rejection.epoch,
         fingerprint=rejection.fingerprint,
-    )
-
-
-def _lease(row: Row | None) -> LeaseRecord | None:
-    if row is None:
-        return None
-    return LeaseRecord(
-        resource=row["resource"],
-        epoch=int(row["epoch"]),
-        holder=row["holder"],
-        granted_at=float(row["granted_at"]),
-        expires_at=float(row["expires_at"]),
-        ended_at=row["ended_at"],
-        end_reason=row["end_reason"],
-    )
-
-
-def _idempotency(row: Row | None) -> IdempotencyRecord | None:
-    if row is None:
-        return None
-    response = None
-    if row["response_status"] is not None:
-        headers = tuple((str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]"))
-        response = StoredResponse(
-            int(row["response_status"]), headers, bytes(row["response_body"] or b"")
-        )
-    return IdempotencyRecord(
-        resource=row["resource"],
-        key=row["key"],
-        fingerprint=row["fingerprint"],
-        effect_id=row["effect_id"],
-        effect_state=EffectState(row["effect_state"]),
-        epoch=int(row["epoch"]),
-        expires_at=float(row["expires_at"]) if row["expires_at"] is not None else None,
-        response=response,
-        settled_by=row["settled_by"],
-    )
-
-
-def _effect(row: Row) -> EffectRecord:
-    return EffectRecord(
-        id=row["id"],
-        route=row["route"],
-        resource=row["resource"],
-        holder=row["holder"],
-        epoch=int(row["epoch"]),
-        idempotency_key=row["idempotency_key"],
-        fingerprint=row["fingerprint"],
-        method=row["method"],
-        path=row["path"],
-        state=EffectState(row["state"]),
-        instance_id=row["instance_id"],
-        created_at=float(row["created_at"]),
-        deadline=float(row["deadline"]),
-        finished_at=row["finished_at"],
-        upstream_status=row["upstream_status"],
-        reason=row["reason"],
-        probe_attempts=int(row["probe_attempts"]),
-        next_probe_at=row["next_probe_at"],
-        settled_by=row["settled_by"],
     )

@@ -1,0 +1,78 @@
+"""Rows of the backends' named queries → the records of core/records.py.
+
+Both backends answer with the same column names (their SQL files share query names
+and result shapes), so one set of mappers serves both.
+"""
+
+from __future__ import annotations
+
+import json
+
+from core.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    LeaseRecord,
+    StoredResponse,
+)
+from store.base import Row
+
+
+def lease_record(row: Row | None) -> LeaseRecord | None:
+    if row is None:
+        return None
+    return LeaseRecord(
+        resource=row["resource"],
+        epoch=int(row["epoch"]),
+        holder=row["holder"],
+        granted_at=float(row["granted_at"]),
+        expires_at=float(row["expires_at"]),
+        ended_at=row["ended_at"],
+        end_reason=row["end_reason"],
+    )
+
+
+def idempotency_record(row: Row | None) -> IdempotencyRecord | None:
+    if row is None:
+        return None
+    response = None
+    if row["response_status"] is not None:
+        headers = tuple((str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]"))
+        response = StoredResponse(
+            int(row["response_status"]), headers, bytes(row["response_body"] or b"")
+        )
+    return IdempotencyRecord(
+        resource=row["resource"],
+        key=row["key"],
+        fingerprint=row["fingerprint"],
+        effect_id=row["effect_id"],
+        effect_state=EffectState(row["effect_state"]),
+        epoch=int(row["epoch"]),
+        expires_at=float(row["expires_at"]) if row["expires_at"] is not None else None,
+        response=response,
+        settled_by=row["settled_by"],
+    )
+
+
+def effect_record(row: Row) -> EffectRecord:
+    return EffectRecord(
+        id=row["id"],
+        route=row["route"],
+        resource=row["resource"],
+        holder=row["holder"],
+        epoch=int(row["epoch"]),
+        idempotency_key=row["idempotency_key"],
+        fingerprint=row["fingerprint"],
+        method=row["method"],
+        path=row["path"],
+        state=EffectState(row["state"]),
+        instance_id=row["instance_id"],
+        created_at=float(row["created_at"]),
+        deadline=float(row["deadline"]),
+        finished_at=row["finished_at"],
+        upstream_status=row["upstream_status"],
+        reason=row["reason"],
+        probe_attempts=int(row["probe_attempts"]),
+        next_probe_at=row["next_probe_at"],
+        settled_by=row["settled_by"],
+    )
