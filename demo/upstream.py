@@ -47,6 +47,10 @@ included (the proxy forwards them)
   commit nothing.
 - ``Demo-Drop-Response: 1``: commit the write, then abort the TCP connection
   without a response, so the caller sees a disconnect for a write that happened.
+- ``Demo-Status-After-Commit: NNN`` (200-599): commit the write, then answer that
+  status anyway: an untrue error (or success) from an upstream that did the work.
+- ``Demo-Answer-Delay-Ms: N``: after the work is done (committed or not), wait N ms
+  before answering, so the answer is late for a write that already happened.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ from aiohttp.log import access_logger
 DELAY_HEADER = "Demo-Delay-Ms"
 STATUS_HEADER = "Demo-Status"
 DROP_RESPONSE_HEADER = "Demo-Drop-Response"
+STATUS_AFTER_COMMIT_HEADER = "Demo-Status-After-Commit"
+ANSWER_DELAY_HEADER = "Demo-Answer-Delay-Ms"
 
 INTROSPECTION_PREFIX = "/_demo/"
 SINK_PREFIX = "/sink/"
@@ -368,12 +374,27 @@ async def fault_knobs(request: web.Request, handler: Handler) -> web.StreamRespo
     ):
         return _bad_request(f"{STATUS_HEADER} must be a status code from 200 to 599")
     forced_status_code = None if forced_status is None else int(forced_status)
+    after_commit = request.headers.get(STATUS_AFTER_COMMIT_HEADER)
+    if after_commit is not None and not (
+        after_commit.isdigit() and 200 <= int(after_commit) <= 599
+    ):
+        return _bad_request(f"{STATUS_AFTER_COMMIT_HEADER} must be a status code from 200 to 599")
+    answer_delay_ms = request.headers.get(ANSWER_DELAY_HEADER, "0")
+    if not answer_delay_ms.isdigit():
+        return _bad_request(f"{ANSWER_DELAY_HEADER} must be a whole number of milliseconds")
 
     # Shielded: a real API does not undo its work because the client hung up,
     # even where the server cancels handlers on disconnect (aiohttp's test
     # server does).
     work = asyncio.create_task(
-        _respond_after_delay(request, handler, int(delay_ms) / 1000, forced_status_code)
+        _respond_after_delay(
+            request,
+            handler,
+            int(delay_ms) / 1000,
+            forced_status_code,
+            None if after_commit is None else int(after_commit),
+            int(answer_delay_ms) / 1000,
+        )
     )
     unfinished = request.app[UNFINISHED]
     unfinished.add(work)
@@ -386,18 +407,34 @@ async def fault_knobs(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 async def _respond_after_delay(
-    request: web.Request, handler: Handler, delay_s: float, forced_status: int | None
+    request: web.Request,
+    handler: Handler,
+    delay_s: float,
+    forced_status: int | None,
+    status_after_commit: int | None,
+    answer_delay_s: float,
 ) -> web.StreamResponse:
     # The body arrived with the request: read it before waiting, so a caller
     # that gives up during the delay cannot stop the write.
     await request.read()
     await asyncio.sleep(delay_s)
     if forced_status is not None:
-        return web.json_response(
+        response: web.StreamResponse = web.json_response(
             {"error": "demo_status", "detail": f"forced by {STATUS_HEADER}; nothing was stored"},
             status=forced_status,
         )
-    return await handler(request)
+    else:
+        response = await handler(request)
+        if status_after_commit is not None:
+            response = web.json_response(
+                {
+                    "error": "demo_status_after_commit",
+                    "detail": f"forced by {STATUS_AFTER_COMMIT_HEADER}; the write WAS stored",
+                },
+                status=status_after_commit,
+            )
+    await asyncio.sleep(answer_delay_s)
+    return response
 
 
 async def _store_context(app: web.Application, db_path: str) -> AsyncIterator[None]:

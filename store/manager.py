@@ -379,7 +379,12 @@ class Store:
             # or another replica's sweep may get there first, and then this one only
             # writes the audit trail.
             async def mark(tx: Tx, effect_id: str = effect_id, event: Event = event) -> bool:
-                step = await _apply(tx, effect_id, event, "recover", self.instance_id, why[event])
+                row = await _locked_effect(tx, effect_id, skip_locked=True)
+                if row is None:
+                    return False
+                step = await _apply(
+                    tx, effect_id, event, "recover", self.instance_id, why[event], row=row
+                )
                 return step is not None and step.moved
 
             if await self.connector.write(mark):
@@ -625,14 +630,16 @@ async def _effect_row(tx: Tx, effect_id: str) -> Row:
     return row
 
 
-async def _locked_effect(tx: Tx, effect_id: str) -> Row | None:
+async def _locked_effect(tx: Tx, effect_id: str, skip_locked: bool = False) -> Row | None:
     """The effect's row, read under its resource's lock (taken first, as admission does,
-    so that the two never wait on each other in opposite orders)."""
+    so that the two never wait on each other in opposite orders). With `skip_locked`,
+    None if another transaction holds the effect's row."""
     row = await tx.one("effect", id=effect_id)
     if row is None:
         return None
     await _lock_resource(tx, row["resource"])
-    return await tx.one("effect_for_update", id=effect_id)
+    query = "effect_for_update_skip_locked" if skip_locked else "effect_for_update"
+    return await tx.one(query, id=effect_id)
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,11 @@ SELECT * FROM effects WHERE id = :id
 -- effect_for_update --
 SELECT * FROM effects WHERE id = :id
 
+-- effect_for_update_skip_locked --
+-- A sweep passes over an effect another transaction is changing (its receipt, another
+-- replica's sweep): that one decides, and this sweep neither waits nor repeats it.
+SELECT * FROM effects WHERE id = :id
+
 -- effects --
 SELECT * FROM effects
 WHERE (:resource IS NULL OR resource = :resource) AND (:state IS NULL OR state = :state)

@@ -168,8 +168,39 @@ async def test_delayed_write_commits_after_the_caller_gave_up(client: Client) ->
         await asyncio.sleep(0.02)
 
 
+async def test_status_after_commit_answers_an_untrue_error_for_a_stored_write(
+    client: Client,
+) -> None:
+    response = await client.post(
+        "/orders/widget", json={}, headers={"Demo-Status-After-Commit": "409"}
+    )
+
+    assert response.status == 409
+    assert (await response.json())["error"] == "demo_status_after_commit"
+    assert (await effects(client))["orders"] == 1
+
+
+async def test_answer_delay_holds_the_answer_of_a_write_already_stored(client: Client) -> None:
+    answer = asyncio.ensure_future(
+        client.post("/orders/widget", json={}, headers={"Demo-Answer-Delay-Ms": "300"})
+    )
+    deadline = asyncio.get_running_loop().time() + 5
+    while (await effects(client))["orders"] == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the write never committed"
+        await asyncio.sleep(0.02)
+    assert not answer.done()  # stored, and still not answered
+    assert (await answer).status == 201
+
+
 @pytest.mark.parametrize(
-    "knob", [{"Demo-Delay-Ms": "soon"}, {"Demo-Status": "99"}, {"Demo-Status": "abc"}]
+    "knob",
+    [
+        {"Demo-Delay-Ms": "soon"},
+        {"Demo-Status": "99"},
+        {"Demo-Status": "abc"},
+        {"Demo-Status-After-Commit": "600"},
+        {"Demo-Answer-Delay-Ms": "-1"},
+    ],
 )
 async def test_invalid_knob_is_refused_and_commits_nothing(
     client: Client, knob: dict[str, str]

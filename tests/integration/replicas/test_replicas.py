@@ -552,8 +552,8 @@ async def test_concurrent_sweeps_record_one_recovery(pg_url: str, fleet: Fleet) 
     and only that one records having done so.
 
     The overlap is forced, not hoped for: the test holds the effect's row lock past
-    its deadline while the survivors sweep. A sweep skips a row another transaction
-    holds (SKIP LOCKED) rather than queueing behind it to record a stale recovery;
+    its deadline while the survivors sweep. A sweep skips an effect whose row another
+    transaction holds (SKIP LOCKED) rather than queueing behind it;
     that the sweeps really ran meanwhile shows on a second, unlocked overdue effect
     (a "ghost" left by an instance that no longer exists), which they do turn
     UNKNOWN (and the probe then settles). Once the lock is gone exactly one recovery is recorded.
