@@ -105,8 +105,8 @@ _PROBLEMS = {
     ErrorCode.EFFECT_IN_FLIGHT: _Problem(
         409,
         "Effect in flight",
-        "`max_in_flight` effects are being forwarded; or resolve on an effect whose request "
-        "may still be in flight",
+        "`max_in_flight` effects are being forwarded; or probe or resolve of an effect whose "
+        "request may still be in flight",
     ),
     ErrorCode.EFFECT_SETTLED: _Problem(
         409,
@@ -126,7 +126,7 @@ _PROBLEMS = {
         409,
         "Conflicting evidence about an effect",
         "an effect's evidence contradicts its settled state; the resource is blocked until an "
-        "operator resolves it",
+        "operator resolves it (a probe of it is refused)",
     ),
     ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
     ErrorCode.HEADERS_TOO_LARGE: _Problem(

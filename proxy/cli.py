@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from core.lifecycle import BLOCKING
-from core.probing import DEADLINE_MARGIN_S
-from core.records import EffectEvent, EffectRecord, EffectState, Refusal
-from policies import RESOURCE_RE, ConfigError, Policy, load_policy
+from core.records import EffectState
+from policies import ConfigError, Policy, load_policy
+from proxy import operations
 from proxy.app import build_app, new_instance_id
 from proxy.forwarding import new_client_session
-from reconcile.prober import ProbeResult, probe_effect
+from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
+from reconcile.prober import ProbeResult
 from store import Store, StoreError, open_store
 
 T = TypeVar("T")
@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"fenceproxy: invalid configuration {exc.filename}:", file=sys.stderr)
         for line in str(exc).splitlines() or [f"{exc.filename}: cannot be read"]:
             print(f"  {line}", file=sys.stderr)
+        sys.exit(1)
+    except OperationRefused as refused:
+        # The admin API's problem+json says the same: its detail and its code.
+        print(f"fenceproxy: {refused.detail} ({refused.code})", file=sys.stderr)
         sys.exit(1)
     except (CommandError, StoreError) as exc:
         print(f"fenceproxy: {exc}", file=sys.stderr)
@@ -96,13 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     effect_commands = effects.add_subparsers(metavar="ACTION", required=True)
     listing = effect_commands.add_parser("list", help="recent effects, newest first")
     listing.add_argument("--resource")
-    listing.add_argument("--state", choices=[s.value for s in EffectState])
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--state", help=f"one of {', '.join(EffectState)}")
+    _limit_option(listing)
     one = effect_commands.add_parser("show", help="one effect")
     one.add_argument("effect_id")
     rejections = effect_commands.add_parser("rejections", help="refused requests, newest first")
     rejections.add_argument("--resource")
-    rejections.add_argument("--limit", type=int, default=50)
+    _limit_option(rejections)
     for sub, run in ((listing, _effects_list), (one, _effects_show), (rejections, _rejections)):
         _store_options(sub)
         sub.set_defaults(run=run)
@@ -118,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("effect_id")
     resolve = reconcile_commands.add_parser("resolve", help="record an operator's decision")
     resolve.add_argument("effect_id")
-    resolve.add_argument("--outcome", required=True, choices=["committed", "not-committed"])
+    resolve.add_argument("--outcome", required=True, help="committed or not-committed")
     resolve.add_argument("--reason", required=True)
     resolve.add_argument("--operator", default=_default_operator())
     for sub, run in (
@@ -164,6 +168,13 @@ def _positive_seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
     return value
+
+
+def _limit_option(sub: argparse.ArgumentParser) -> None:
+    # Text, not type=int: the operation checks it, with the admin API's refusal.
+    sub.add_argument(
+        "--limit", help=f"rows to show, 1-{MAX_LIST_LIMIT} (default {DEFAULT_LIST_LIMIT})"
+    )
 
 
 def _store_options(sub: argparse.ArgumentParser) -> None:
@@ -247,15 +258,8 @@ def _when(timestamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-def _resource(value: str) -> str:
-    if not RESOURCE_RE.match(value):
-        raise CommandError(f"{value!r} is not a valid resource name")
-    return value
-
-
 def _leases_show(args: argparse.Namespace) -> int:
-    resource = _resource(args.resource)
-    view = _with_store(args, lambda store: store.lease_view(resource))
+    view = _with_store(args, lambda store: operations.lease_view(store, args.resource))
     data = view.as_json()
     _print(
         args,
@@ -270,20 +274,20 @@ def _leases_show(args: argparse.Namespace) -> int:
 
 
 def _leases_revoke(args: argparse.Namespace) -> int:
-    resource = _resource(args.resource)
-    if not args.reason.strip():
-        raise CommandError("--reason must not be empty")
-    old, new = _with_store(args, lambda store: store.revoke(resource, args.reason.strip()))
-    data = {"resource": resource, "revoked_epoch": old, "epoch": new}
-    _print(args, data, [[resource, str(old), str(new)]], ["resource", "revoked_epoch", "epoch"])
+    revoked = _with_store(args, lambda store: operations.revoke(store, args.resource, args.reason))
+    data = {
+        "resource": revoked.resource,
+        "revoked_epoch": revoked.revoked_epoch,
+        "epoch": revoked.epoch,
+    }
+    _print(args, data, [[str(v) for v in data.values()]], list(data))
     return 0
 
 
 def _effects_list(args: argparse.Namespace) -> int:
-    if args.resource:
-        _resource(args.resource)
     effects = _with_store(
-        args, lambda store: store.effects(args.resource, args.state, max(1, args.limit))
+        args,
+        lambda store: operations.list_effects(store, args.resource, args.state, args.limit),
     )
     rows = [
         [
@@ -305,20 +309,18 @@ def _effects_list(args: argparse.Namespace) -> int:
 
 
 def _effects_show(args: argparse.Namespace) -> int:
-    effect, events = _with_store(args, lambda store: store.effect_with_events(args.effect_id))
-    if effect is None:
-        raise CommandError(f"no effect {args.effect_id}")
-    data = {**effect.as_json(), "events": [event.as_json() for event in events]}
+    history = _with_store(args, lambda store: operations.effect_history(store, args.effect_id))
+    data = history.as_json()
     if args.json:
         _print(args, data, [], [])
         return 0
-    fields = [[key, str(value)] for key, value in effect.as_json().items()]
+    fields = [[key, str(value)] for key, value in history.effect.as_json().items()]
     _print(args, data, fields, ["field", "value"])
-    if events:
+    if history.events:
         print()
         rows = [
             [_when(e.at), e.kind, e.actor, e.conclusion, str(e.upstream_status or "-"), e.detail]
-            for e in events
+            for e in history.events
         ]
         _print(args, data, rows, ["at", "kind", "actor", "conclusion", "status", "detail"])
     return 0
@@ -331,46 +333,25 @@ def _default_operator() -> str:
         return "unknown"
 
 
-async def _sweep(store: Store) -> None:
-    """Effects past their deadline can be in flight nowhere: mark them UNKNOWN first, so
-    the commands below see them as they are, whether or not a proxy is running."""
-    await store.recover(None, DEADLINE_MARGIN_S)
-
-
 def _reconcile_list(args: argparse.Namespace) -> int:
-    async def work(store: Store) -> list[tuple[EffectRecord, EffectEvent | None]]:
-        await _sweep(store)
-        found = []
-        for effect in await store.in_doubt():
-            current, events = await store.effect_with_events(effect.id)
-            if current is not None and current.state in BLOCKING:
-                found.append((current, events[-1] if events else None))
-        return found
-
-    found = _with_store(args, work)
-    now = time.time()
-    data = [
-        {
-            **e.as_json(),
-            "age_s": round(now - e.created_at, 3),
-            "last_event": last.as_json() if last else None,
-        }
-        for e, last in found
-    ]
+    report = _with_store(args, operations.in_doubt)
+    if args.json:
+        _print(args, report.as_json(), [], [])
+        return 0
     rows = [
         [
-            e.id,
-            e.state.value,
-            f"{now - e.created_at:.0f}s",
-            e.route,
-            e.resource,
-            e.holder,
-            str(e.epoch),
-            e.idempotency_key or "-",
-            str(e.probe_attempts),
-            last.detail if last else "-",
+            entry.effect.id,
+            entry.effect.state.value,
+            f"{entry.age_s:.0f}s",
+            entry.effect.route,
+            entry.effect.resource,
+            entry.effect.holder,
+            str(entry.effect.epoch),
+            entry.effect.idempotency_key or "-",
+            str(entry.effect.probe_attempts),
+            entry.last_event.detail if entry.last_event else "-",
         ]
-        for e, last in found
+        for entry in report.effects
     ]
     header = [
         "id",
@@ -384,14 +365,8 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         "probes",
         "last result",
     ]
-    blocked = sorted(
-        {e.resource for e, _ in found if e.state in (EffectState.UNKNOWN, EffectState.CONFLICTING)}
-    )
-    if args.json:
-        _print(args, {"blocked_resources": blocked, "in_doubt": data}, [], [])
-        return 0
-    print(f"blocked resources: {', '.join(blocked) or 'none'}")
-    _print(args, data, rows, header)
+    print(f"blocked resources: {', '.join(report.blocked_resources) or 'none'}")
+    _print(args, report.as_json(), rows, header)
     return 0
 
 
@@ -399,14 +374,8 @@ def _reconcile_probe(args: argparse.Namespace) -> int:
     policy = _policy(args)
 
     async def work(store: Store) -> ProbeResult:
-        await _sweep(store)
-        effect = await store.effect(args.effect_id)
-        if effect is None:
-            raise CommandError(f"no effect {args.effect_id}")
-        if effect.state is not EffectState.UNKNOWN:
-            raise CommandError(f"{effect.id} is {effect.state.value}; only UNKNOWN is probed")
         async with new_client_session() as session:
-            return await probe_effect(store, session, policy, effect)
+            return await operations.probe(store, session, policy, args.effect_id)
 
     result = _with_store(args, work)
     data = {
@@ -420,18 +389,12 @@ def _reconcile_probe(args: argparse.Namespace) -> int:
 
 
 def _reconcile_resolve(args: argparse.Namespace) -> int:
-    outcome = EffectState.COMMITTED if args.outcome == "committed" else EffectState.NOT_COMMITTED
-    reason = args.reason.strip()
-    if not reason:
-        raise CommandError("--reason must not be empty")
-
-    async def work(store: Store) -> EffectRecord | Refusal:
-        await _sweep(store)
-        return await store.resolve(args.effect_id, outcome, reason, args.operator)
-
-    result = _with_store(args, work)
-    if isinstance(result, Refusal):
-        raise CommandError(f"{args.effect_id}: {result.detail} ({result.code})")
+    result = _with_store(
+        args,
+        lambda store: operations.resolve(
+            store, args.effect_id, args.outcome, args.reason, args.operator
+        ),
+    )
     data = result.as_json()
     _print(
         args,
@@ -443,9 +406,9 @@ def _reconcile_resolve(args: argparse.Namespace) -> int:
 
 
 def _rejections(args: argparse.Namespace) -> int:
-    if args.resource:
-        _resource(args.resource)
-    found = _with_store(args, lambda store: store.rejections(args.resource, max(1, args.limit)))
+    found = _with_store(
+        args, lambda store: operations.list_rejections(store, args.resource, args.limit)
+    )
     rows = [
         [
             _when(r.at),

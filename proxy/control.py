@@ -2,38 +2,62 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from core.codes import ErrorCode
-from core.records import EffectRecord, EffectState, Refusal
-from proxy import openapi
+from core.records import Refusal
+from proxy import openapi, operations
+from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
-from proxy.requests import holder_name, json_object, resource_name, single_header, ttl
+from proxy.requests import holder_name, json_object, single_header, ttl
 from proxy.runtime import require_admin, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
-from reconcile import prober
 
 PREFIX = "/_fence/v1"
-MAX_LIST_LIMIT = 1000
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post(f"{PREFIX}/leases", acquire)
-    app.router.add_get(f"{PREFIX}/leases", show_lease)
-    app.router.add_post(f"{PREFIX}/leases/renew", renew)
-    app.router.add_post(f"{PREFIX}/leases/release", release)
-    app.router.add_post(f"{PREFIX}/admin/revoke", revoke)
-    app.router.add_get(f"{PREFIX}/effects", list_effects)
-    app.router.add_get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
-    app.router.add_post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
-    app.router.add_post(f"{PREFIX}/effects/{{effect_id}}/resolve", resolve_effect)
-    app.router.add_get("/_fence/metrics", metrics)
-    app.router.add_get(f"{PREFIX}/rejections", list_rejections)
-    app.router.add_get("/_fence/healthz", healthz)
-    app.router.add_get("/_fence/readyz", readyz)
-    app.router.add_get(f"{PREFIX}/openapi.json", openapi_document)
+    def get(path: str, handler: Handler) -> None:
+        app.router.add_get(path, _refusals_as_problems(handler))
+
+    def post(path: str, handler: Handler) -> None:
+        app.router.add_post(path, _refusals_as_problems(handler))
+
+    post(f"{PREFIX}/leases", acquire)
+    get(f"{PREFIX}/leases", show_lease)
+    post(f"{PREFIX}/leases/renew", renew)
+    post(f"{PREFIX}/leases/release", release)
+    post(f"{PREFIX}/admin/revoke", revoke)
+    get(f"{PREFIX}/effects", list_effects)
+    get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
+    post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
+    post(f"{PREFIX}/effects/{{effect_id}}/resolve", resolve_effect)
+    get(f"{PREFIX}/reconcile", list_in_doubt)
+    get("/_fence/metrics", metrics)
+    get(f"{PREFIX}/rejections", list_rejections)
+    get("/_fence/healthz", healthz)
+    get("/_fence/readyz", readyz)
+    get(f"{PREFIX}/openapi.json", openapi_document)
+
+
+def _refusals_as_problems(handler: Handler) -> Handler:
+    """An operation's refusal is a problem+json like any other: the middleware records
+    it as a rejection and answers it with the code's status."""
+
+    @functools.wraps(handler)
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except OperationRefused as refused:
+            raise ProblemError(refused.code, refused.detail, **refused.context) from None
+
+    return handle
 
 
 def _presented_token(request: web.Request) -> str:
@@ -62,7 +86,7 @@ def _lease_json(
 async def acquire(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     data = await json_object(request, {"resource", "holder", "ttl_s"})
-    resource = resource_name(data.get("resource"))
+    resource = operations.resource_name(data.get("resource"))
     holder = holder_name(data.get("holder"))
     seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
     token = new_token()
@@ -103,80 +127,54 @@ async def release(request: web.Request) -> web.Response:
 
 
 async def show_lease(request: web.Request) -> web.Response:
-    resource = resource_name(request.query.get("resource"))
-    view = await runtime_of(request).store.lease_view(resource)
+    view = await operations.lease_view(runtime_of(request).store, request.query.get("resource"))
     return web.json_response(view.as_json())
 
 
 async def revoke(request: web.Request) -> web.Response:
     require_admin(request)
     data = await json_object(request, {"resource", "reason"})
-    resource = resource_name(data.get("resource"))
-    reason = _text(data.get("reason"), "reason")
-    old_epoch, new_epoch = await runtime_of(request).store.revoke(resource, reason)
-    return web.json_response(
-        {"resource": resource, "revoked_epoch": old_epoch, "epoch": new_epoch, "reason": reason}
+    revoked = await operations.revoke(
+        runtime_of(request).store, data.get("resource"), data.get("reason")
     )
-
-
-def _limit(request: web.Request) -> int:
-    raw = request.query.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, f"limit must be a whole number 1-{MAX_LIST_LIMIT}"
-        )
-    return int(raw)
+    return web.json_response(
+        {
+            "resource": revoked.resource,
+            "revoked_epoch": revoked.revoked_epoch,
+            "epoch": revoked.epoch,
+            "reason": revoked.reason,
+        }
+    )
 
 
 async def list_effects(request: web.Request) -> web.Response:
     require_admin(request)
-    resource = request.query.get("resource")
-    if resource is not None:
-        resource_name(resource)
-    state = request.query.get("state")
-    if state is not None and state not in EffectState.__members__:
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, f"state must be one of {', '.join(EffectState.__members__)}"
-        )
-    effects = await runtime_of(request).store.effects(resource, state, _limit(request))
+    query = request.query
+    effects = await operations.list_effects(
+        runtime_of(request).store, query.get("resource"), query.get("state"), query.get("limit")
+    )
     return web.json_response({"effects": [effect.as_json() for effect in effects]})
-
-
-async def _effect(request: web.Request) -> EffectRecord:
-    effect = await runtime_of(request).store.effect(request.match_info["effect_id"])
-    if effect is None:
-        raise ProblemError(ErrorCode.NOT_FOUND, "no such effect")
-    return effect
 
 
 async def show_effect(request: web.Request) -> web.Response:
     require_admin(request)
-    effect_id = request.match_info["effect_id"]
-    effect, events = await runtime_of(request).store.effect_with_events(effect_id)
-    if effect is None:
-        raise ProblemError(ErrorCode.NOT_FOUND, "no such effect")
-    return web.json_response({**effect.as_json(), "events": [e.as_json() for e in events]})
+    history = await operations.effect_history(
+        runtime_of(request).store, request.match_info["effect_id"]
+    )
+    return web.json_response(history.as_json())
 
 
 async def probe_effect(request: web.Request) -> web.Response:
     """Probe now, whatever the schedule; only an UNKNOWN effect can be settled by it."""
     require_admin(request)
     runtime = runtime_of(request)
-    effect = await _effect(request)
-    if effect.state is not EffectState.UNKNOWN:
-        raise ProblemError(
-            ErrorCode.EFFECT_SETTLED
-            if effect.state is not EffectState.DISPATCHING
-            else ErrorCode.EFFECT_IN_FLIGHT,
-            f"only an UNKNOWN effect is probed; this one is {effect.state.value}",
-            effect_id=effect.id,
-        )
+    effect_id = request.match_info["effect_id"]
     assert runtime.session is not None
-    result = await prober.probe_effect(runtime.store, runtime.session, runtime.policy, effect)
+    result = await operations.probe(runtime.store, runtime.session, runtime.policy, effect_id)
     runtime.metrics.count_probe(result.conclusion)
     return web.json_response(
         {
-            "effect_id": effect.id,
+            "effect_id": effect_id,
             "conclusion": result.conclusion,
             "detail": result.detail,
             "effect": result.effect.as_json() if result.effect else None,
@@ -184,31 +182,24 @@ async def probe_effect(request: web.Request) -> web.Response:
     )
 
 
-OUTCOMES = {"committed": EffectState.COMMITTED, "not_committed": EffectState.NOT_COMMITTED}
-
-
 async def resolve_effect(request: web.Request) -> web.Response:
     require_admin(request)
     data = await json_object(request, {"outcome", "reason", "operator"})
-    outcome = OUTCOMES.get(str(data.get("outcome")).replace("-", "_"))
-    if outcome is None:
-        raise ProblemError(ErrorCode.INVALID_REQUEST, "outcome must be committed or not_committed")
-    reason = _text(data.get("reason"), "reason")
-    operator = _text(data.get("operator"), "operator")
-    runtime = runtime_of(request)
-    result = await runtime.store.resolve(request.match_info["effect_id"], outcome, reason, operator)
-    if isinstance(result, Refusal):
-        await _record(request, result)
-        return refusal_response(result)
-    return web.json_response(result.as_json())
+    effect = await operations.resolve(
+        runtime_of(request).store,
+        request.match_info["effect_id"],
+        data.get("outcome"),
+        data.get("reason"),
+        data.get("operator"),
+    )
+    return web.json_response(effect.as_json())
 
 
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 500:
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, f"{name} must be a non-empty string (≤ 500 chars)"
-        )
-    return value.strip()
+async def list_in_doubt(request: web.Request) -> web.Response:
+    """What `fenceproxy reconcile list --json` prints: blocked resources, effects in doubt."""
+    require_admin(request)
+    report = await operations.in_doubt(runtime_of(request).store)
+    return web.json_response(report.as_json())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -224,10 +215,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def list_rejections(request: web.Request) -> web.Response:
     require_admin(request)
-    resource = request.query.get("resource")
-    if resource is not None:
-        resource_name(resource)
-    rejections = await runtime_of(request).store.rejections(resource, _limit(request))
+    query = request.query
+    rejections = await operations.list_rejections(
+        runtime_of(request).store, query.get("resource"), query.get("limit")
+    )
     return web.json_response({"rejections": [r.as_json() for r in rejections]})
 
 

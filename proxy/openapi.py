@@ -81,6 +81,22 @@ def document() -> dict[str, Any]:
                         "in_doubt": {"type": "array", "items": {"type": "string"}},
                     },
                 },
+                "InDoubt": {
+                    "type": "object",
+                    "properties": {
+                        "blocked_resources": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "resources with an UNKNOWN or CONFLICTING effect",
+                        },
+                        "in_doubt": {
+                            "type": "array",
+                            "description": "effect receipts (DISPATCHING, UNKNOWN, "
+                            "CONFLICTING), each with `age_s` and its `last_event`",
+                            "items": {"type": "object"},
+                        },
+                    },
+                },
                 "Problem": _problem_schema(),
             },
         },
@@ -190,6 +206,17 @@ def document() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": _json({"type": "object"}, "the settled effect"),
+                        "default": _PROBLEM,
+                    },
+                }
+            },
+            "/_fence/v1/reconcile": {
+                "get": {
+                    "summary": "blocked resources and effects in doubt, oldest first "
+                    "(what `fenceproxy reconcile list --json` prints)",
+                    "security": _ADMIN,
+                    "responses": {
+                        "200": _json(_ref("InDoubt"), "what waits for reconciliation"),
                         "default": _PROBLEM,
                     },
                 }

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from core.codes import ErrorCode
-from policies import HOLDER_RE, RESOURCE_RE, LeaseBounds
+from policies import HOLDER_RE, LeaseBounds
 from proxy.problems import ProblemError
 
 MAX_CONTROL_BODY = 65536
@@ -93,15 +93,6 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
             f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})",
         )
     return data
-
-
-def resource_name(value: Any, field: str = "resource") -> str:
-    if not isinstance(value, str) or not RESOURCE_RE.match(value):
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST,
-            f"{field} must be 1-256 characters of A-Z a-z 0-9 . _ : @ / + = -",
-        )
-    return value
 
 
 def holder_name(value: Any) -> str:

@@ -195,7 +195,8 @@ def test_revoke_advances_the_epoch_and_it_persists_across_processes(cli: Cli, co
 def test_revoke_with_a_blank_reason_is_refused(cli: Cli, config: Path) -> None:
     result = cli("leases", "revoke", RESOURCE, "--reason", "  ", "--config", str(config))
     assert result.code != 0
-    assert result.one_line_error() == "fenceproxy: --reason must not be empty"
+    # The admin API's refusal, word for word: detail and code (proxy/operations.py).
+    assert result.one_line_error() == "fenceproxy: reason must not be empty (invalid_request)"
     shown = cli("leases", "show", RESOURCE, "--config", str(config), "--json")
     assert shown.json()["epoch"] == 0
 
@@ -218,8 +219,27 @@ def test_effects_list_on_a_fresh_store_is_empty(cli: Cli, config: Path) -> None:
 def test_effects_show_of_an_unknown_id_is_one_line(cli: Cli, config: Path) -> None:
     result = cli("effects", "show", "nope", "--config", str(config))
     assert result.code != 0
-    assert result.one_line_error() == "fenceproxy: no effect nope"
+    assert result.one_line_error() == "fenceproxy: no effect nope (not_found)"
     assert result.out == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "detail"),
+    [
+        (("effects", "list", "--limit", "0"), "limit must be a whole number 1-1000"),
+        (("effects", "rejections", "--limit", "ten"), "limit must be a whole number 1-1000"),
+        (("effects", "list", "--state", "committed"), "state must be one of DISPATCHING"),
+    ],
+)
+def test_bad_listing_options_are_one_line(
+    cli: Cli, config: Path, args: tuple[str, ...], detail: str
+) -> None:
+    # Checked by the operation, not argparse: the same refusal the admin API gives.
+    result = cli(*args, "--config", str(config))
+    assert result.code == 1
+    line = result.one_line_error()
+    assert line.startswith(f"fenceproxy: {detail}"), line
+    assert line.endswith(" (invalid_request)"), line
 
 
 def test_rejections_on_a_fresh_store_are_empty(cli: Cli, config: Path) -> None:
@@ -240,7 +260,7 @@ def test_reconcile_list_on_a_fresh_store_has_nothing_in_doubt(cli: Cli, config: 
 def test_reconcile_probe_of_an_unknown_effect_is_one_line(cli: Cli, config: Path) -> None:
     result = cli("reconcile", "probe", "nope", "--config", str(config))
     assert result.code != 0
-    assert result.one_line_error() == "fenceproxy: no effect nope"
+    assert result.one_line_error() == "fenceproxy: no effect nope (not_found)"
 
 
 def test_reconcile_resolve_of_an_unknown_effect_is_one_line(cli: Cli, config: Path) -> None:

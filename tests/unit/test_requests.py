@@ -17,7 +17,6 @@ from proxy.requests import (
     holder_name,
     idempotency_key,
     read_body,
-    resource_name,
     single_header,
     ttl,
 )
@@ -75,38 +74,7 @@ def test_fingerprint_keeps_parts_apart() -> None:
     assert fingerprint("GE", "T/a", "", b"") != fingerprint("GET", "/a", "", b"")
 
 
-# --- resource and holder names ----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "value",
-    ["r", "supplier:widget", "a.b_c:d@e/f+g=h-i", "A" * 256, "0"],
-)
-def test_valid_resource_names_are_returned(value: str) -> None:
-    assert resource_name(value) == value
-
-
-@pytest.mark.parametrize(
-    "value",
-    ["", "A" * 257, "has space", "tab\t", "supplier:widget\n", "ümlaut", "a?b", "a#b", "a%2F"],
-)
-def test_bad_resource_names_are_invalid_request(value: str) -> None:
-    with pytest.raises(ProblemError) as error:
-        resource_name(value)
-    assert "resource must be 1-256 characters" in invalid_request(error).detail
-
-
-@pytest.mark.parametrize("value", [None, 42, ["r"], {"r": 1}, b"r"])
-def test_non_string_resource_is_invalid_request(value: object) -> None:
-    with pytest.raises(ProblemError) as error:
-        resource_name(value)
-    invalid_request(error)
-
-
-def test_resource_error_names_the_field() -> None:
-    with pytest.raises(ProblemError) as error:
-        resource_name("", field="token_resource")
-    assert invalid_request(error).detail.startswith("token_resource must be")
+# --- holder names (resource names: test_operation_inputs.py) ----------------------------
 
 
 @pytest.mark.parametrize("value", ["w", "worker-1", "host.a:pid_9@zone", "H" * 128])

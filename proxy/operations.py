@@ -1,0 +1,300 @@
+"""What an operator can ask of the proxy, written once for the admin API and the CLI.
+
+Each operation takes plain arguments (raw text is validated here, not by the
+caller) and a Store, and returns a typed result or raises `OperationRefused`
+with the `ErrorCode` a client sees. `proxy/control.py` turns a refusal into
+problem+json and `proxy/cli.py` into its one-line message; neither checks
+anything of its own, so the two cannot disagree about what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from core.codes import ErrorCode
+from core.lifecycle import BLOCKING
+from core.probing import DEADLINE_MARGIN_S
+from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
+from policies import RESOURCE_RE, Policy
+from reconcile.prober import ProbeResult, probe_effect
+from store import LeaseView, Store
+
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
+# An operator's reason is kept in the effect's history and printed in tables: a
+# sentence, not a document.
+MAX_TEXT_CHARS = 500
+# ASCII digits only: str.isdigit() also accepts "²", which int() then refuses.
+_WHOLE_NUMBER = re.compile(r"[0-9]+\Z")
+# How much of a bad value a refusal repeats: enough to recognise it, never a whole body.
+_SHOWN_CHARS = 80
+
+# The CLI's --outcome spells it with a hyphen, JSON with an underscore; both are taken.
+OUTCOMES = {
+    "committed": EffectState.COMMITTED,
+    "not_committed": EffectState.NOT_COMMITTED,
+    "not-committed": EffectState.NOT_COMMITTED,
+}
+# "Blocked resources" of the in-doubt listing: those waiting for a probe or an operator.
+# A request merely in flight blocks a successor too, but waits for nobody; the
+# fenceproxy_blocked_resources gauge counts the same set.
+AWAITING_RECONCILIATION = frozenset({EffectState.UNKNOWN, EffectState.CONFLICTING})
+
+
+class OperationRefused(Exception):
+    """An operation that will not be carried out: what the client is told, and why."""
+
+    def __init__(
+        self, code: ErrorCode, detail: str, context: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(detail)
+        # An unknown code is a bug caught where it is raised (ValueError), not later
+        # by a caller that cannot map it to a status or an exit.
+        self.code = ErrorCode(code)
+        self.detail = detail
+        self.context = dict(context or {})
+
+    @classmethod
+    def from_refusal(cls, refusal: Refusal) -> OperationRefused:
+        """The store's own refusals reach the caller as the same error as ours."""
+        return cls(refusal.code, refusal.detail, refusal.context)
+
+
+def _invalid(detail: str) -> OperationRefused:
+    return OperationRefused(ErrorCode.INVALID_REQUEST, detail)
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "…")
+
+
+# --- validating what an operator or a client sent -----------------------------------------
+
+
+def resource_name(value: object) -> str:
+    rule = "resource must be 1-256 characters of A-Z a-z 0-9 . _ : @ / + = -"
+    if not isinstance(value, str):
+        raise _invalid(rule)
+    if not RESOURCE_RE.match(value):
+        raise _invalid(f"{_shown(value)} is not a valid resource name: {rule}")
+    return value
+
+
+def _resource_filter(value: str | None) -> str | None:
+    return None if value is None else resource_name(value)
+
+
+def required_text(value: object, field: str) -> str:
+    """A reason or an operator's name: kept with the decision, so it must say something."""
+    if not isinstance(value, str):
+        raise _invalid(f"{field} must be a string")
+    text = value.strip()
+    if not text:
+        raise _invalid(f"{field} must not be empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise _invalid(f"{field} must be at most {MAX_TEXT_CHARS} characters")
+    return text
+
+
+def list_limit(raw: str | None) -> int:
+    """How many rows a listing returns; None is the default."""
+    if raw is None:
+        return DEFAULT_LIST_LIMIT
+    if not _WHOLE_NUMBER.match(raw) or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+        raise _invalid(f"limit must be a whole number 1-{MAX_LIST_LIMIT}")
+    return int(raw)
+
+
+def effect_state(raw: str | None) -> EffectState | None:
+    if raw is None:
+        return None
+    if raw not in EffectState.__members__:
+        raise _invalid(f"state must be one of {', '.join(EffectState.__members__)}")
+    return EffectState[raw]
+
+
+def outcome(raw: object) -> EffectState:
+    decided = OUTCOMES.get(raw) if isinstance(raw, str) else None
+    if decided is None:
+        raise _invalid("outcome must be committed or not_committed")
+    return decided
+
+
+def _not_found(effect_id: str) -> OperationRefused:
+    return OperationRefused(ErrorCode.NOT_FOUND, f"no effect {effect_id}", {"effect_id": effect_id})
+
+
+# --- leases ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Revoked:
+    resource: str
+    revoked_epoch: int
+    epoch: int
+    reason: str
+
+
+async def lease_view(store: Store, resource: object) -> LeaseView:
+    return await store.lease_view(resource_name(resource))
+
+
+async def revoke(store: Store, resource: object, reason: object) -> Revoked:
+    name = resource_name(resource)
+    why = required_text(reason, "reason")
+    old, new = await store.revoke(name, why)
+    return Revoked(name, old, new, why)
+
+
+# --- receipts and refusals ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectHistory:
+    """An effect and every decision about it."""
+
+    effect: EffectRecord
+    events: tuple[EffectEvent, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.effect.as_json(), "events": [event.as_json() for event in self.events]}
+
+
+async def list_effects(
+    store: Store, resource: str | None, state: str | None, limit: str | None
+) -> list[EffectRecord]:
+    """Effect receipts, newest first."""
+    wanted = effect_state(state)
+    return await store.effects(
+        _resource_filter(resource), wanted.value if wanted else None, list_limit(limit)
+    )
+
+
+async def effect_history(store: Store, effect_id: str) -> EffectHistory:
+    effect, events = await store.effect_with_events(effect_id)
+    if effect is None:
+        raise _not_found(effect_id)
+    return EffectHistory(effect, tuple(events))
+
+
+async def list_rejections(store: Store, resource: str | None, limit: str | None) -> list[Rejection]:
+    """Refused requests, newest first."""
+    return await store.rejections(_resource_filter(resource), list_limit(limit))
+
+
+# --- reconciliation ----------------------------------------------------------------------
+
+
+async def _sweep(store: Store) -> None:
+    """Effects past their deadline can be in flight nowhere: mark them UNKNOWN first, so
+    that what follows sees them as they are, whether or not a proxy (whose background
+    sweep does the same every second) is running."""
+    await store.recover(None, DEADLINE_MARGIN_S)
+
+
+@dataclass(frozen=True)
+class InDoubtEffect:
+    effect: EffectRecord
+    age_s: float
+    last_event: EffectEvent | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **self.effect.as_json(),
+            "age_s": round(self.age_s, 3),
+            "last_event": self.last_event.as_json() if self.last_event else None,
+        }
+
+
+@dataclass(frozen=True)
+class InDoubt:
+    """What waits for reconciliation: the blocked resources and the effects in doubt."""
+
+    blocked_resources: tuple[str, ...]
+    effects: tuple[InDoubtEffect, ...]  # oldest first
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "blocked_resources": list(self.blocked_resources),
+            "in_doubt": [entry.as_json() for entry in self.effects],
+        }
+
+
+async def in_doubt(store: Store) -> InDoubt:
+    await _sweep(store)
+    found: list[tuple[EffectRecord, EffectEvent | None]] = []
+    for listed in await store.in_doubt():
+        # Read again with its history as of one moment: it may have been settled since
+        # the listing, and then it is no longer in doubt.
+        effect, events = await store.effect_with_events(listed.id)
+        if effect is not None and effect.state in BLOCKING:
+            found.append((effect, events[-1] if events else None))
+    # Ages on the authority's clock, as every time the store records.
+    now = await store.now()
+    return InDoubt(
+        blocked_resources=tuple(
+            sorted({e.resource for e, _ in found if e.state in AWAITING_RECONCILIATION})
+        ),
+        effects=tuple(InDoubtEffect(e, now - e.created_at, last) for e, last in found),
+    )
+
+
+def check_probeable(effect: EffectRecord) -> None:
+    """Only an UNKNOWN effect waits for the upstream's word. A request still in flight
+    may yet land; a settled effect is not asked about again; a CONFLICTING one already
+    has contradicting evidence, and more of it cannot settle it: an operator must."""
+    context = {"effect_id": effect.id, "state": effect.state.value}
+    state = effect.state.value
+    if effect.state is EffectState.UNKNOWN:
+        return
+    if effect.state is EffectState.DISPATCHING:
+        raise OperationRefused(
+            ErrorCode.EFFECT_IN_FLIGHT,
+            f"the effect is {state} and its request may still be in flight; "
+            "only an UNKNOWN effect is probed",
+            context,
+        )
+    if effect.state is EffectState.CONFLICTING:
+        raise OperationRefused(
+            ErrorCode.CONFLICTING_EVIDENCE,
+            f"the effect is {state}: its evidence already disagrees and only an operator "
+            "resolves it; only an UNKNOWN effect is probed",
+            context,
+        )
+    raise OperationRefused(
+        ErrorCode.EFFECT_SETTLED,
+        f"the effect is already {state}; only an UNKNOWN effect is probed",
+        context,
+    )
+
+
+async def probe(
+    store: Store, session: aiohttp.ClientSession, policy: Policy, effect_id: str
+) -> ProbeResult:
+    """Ask the upstream now, whatever the probe schedule says, and record the answer."""
+    await _sweep(store)
+    effect = await store.effect(effect_id)
+    if effect is None:
+        raise _not_found(effect_id)
+    check_probeable(effect)
+    return await probe_effect(store, session, policy, effect)
+
+
+async def resolve(
+    store: Store, effect_id: str, decided: object, reason: object, operator: object
+) -> EffectRecord:
+    """Record an operator's decision; the store refuses an effect that is not resolvable
+    (core.lifecycle.RESOLVABLE) or still in flight."""
+    settled_as = outcome(decided)
+    why = required_text(reason, "reason")
+    who = required_text(operator, "operator")
+    await _sweep(store)
+    result = await store.resolve(effect_id, settled_as, why, who)
+    if isinstance(result, Refusal):
+        raise OperationRefused.from_refusal(result)
+    return result
