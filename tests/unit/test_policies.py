@@ -613,6 +613,18 @@ def test_path_under_the_reserved_fence_prefix() -> None:
     assert_single_problem(text, 10, "routes[0].match.path", "reserved for the proxy's own API")
 
 
+@pytest.mark.parametrize("path", ["/orders?sku={sku}", "/orders/{sku}#top"])
+def test_query_or_fragment_in_a_path_template_is_refused(path: str) -> None:
+    # Routes match the request path only; such a route would load and never match.
+    text = edit('path: "/orders/{sku}"', f'path: "{path}"')
+    assert_single_problem(
+        text,
+        10,
+        "routes[0].match.path",
+        f"a path template matches the path only, without '?' or '#' in '{path}'",
+    )
+
+
 def test_fenced_route_without_a_resource() -> None:
     text = edit('    resource: "supplier:{sku}"\n', "")
     assert_single_problem(
