@@ -283,24 +283,45 @@ def _dotted(module: str) -> str:
     return module.removesuffix(".py").replace("/", ".")
 
 
-def ordered_test_files(root: Path, tests: Sequence[str], module: str) -> list[str]:
-    """The test files under `tests`, those naming `module` first so -x stops sooner."""
+def test_files(root: Path, tests: Sequence[str]) -> list[str]:
+    """The test files named by `tests` (files, or folders searched for test_*.py)."""
     files: list[str] = []
     for entry in tests:
         path = root / entry
         if path.is_dir():
-            found = sorted(path.rglob("test_*.py"))
-            files.extend(str(p.relative_to(root)) for p in found)
+            files.extend(str(p.relative_to(root)) for p in sorted(path.rglob("test_*.py")))
         else:
             files.append(entry)
-    name = _dotted(module)
-    return sorted(files, key=lambda f: name not in (root / f).read_text(encoding="utf-8"))
+    return files
+
+
+# Runs pytest in-process, then writes down which of the given modules the tests loaded.
+_BASELINE = """\
+import sys, pytest
+code = pytest.main(sys.argv[3:])
+loaded = [name for name in sys.argv[2].split(",") if name in sys.modules]
+with open(sys.argv[1], "w") as report:
+    report.write(" ".join(loaded))
+sys.exit(code)
+"""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One test file, run on the unmutated modules."""
+
+    test_file: str
+    passed: bool
+    output: str
+    seconds: float
+    loaded: frozenset[str]  # the modules under test it imported
 
 
 class Runner:
-    """Runs pytest in workspaces (copies of the project), one mutant per workspace at a time."""
+    """Runs pytest in workspaces (copies of the project), one run per workspace at a time."""
 
     def __init__(self, root: Path, base: Path, jobs: int) -> None:
+        self.base = base
         self.workspaces: queue.Queue[Path] = queue.Queue()
         self.running: set[subprocess.Popen[bytes]] = set()
         self.lock = threading.Lock()
@@ -340,31 +361,44 @@ class Runner:
                 if Path(imported).resolve() != (workspace / module).resolve():
                     raise SystemExit(f"mutate: {module} is imported from {imported}, not the copy")
 
-    def run(
-        self, files: dict[str, str], test_order: Sequence[str], timeout: float | None
-    ) -> tuple[str, str]:
-        """Write `files` (path -> text) into a free workspace, run the tests, restore.
+    def baseline(self, files: dict[str, str], test_file: str, modules: Sequence[str]) -> Baseline:
+        """Run `test_file` with `files` written in, noting which `modules` it loads."""
+        report = self.base / f"loaded-{threading.get_ident()}.txt"
+        names = ",".join(_dotted(m) for m in modules)
+        argv = ["-c", _BASELINE, str(report), names, "-q", "-p", "no:cacheprovider", test_file]
+        started = time.monotonic()
+        outcome, output = self.run(files, argv, None)
+        seconds = time.monotonic() - started
+        loaded = frozenset(report.read_text(encoding="utf-8").split()) if report.exists() else None
+        report.unlink(missing_ok=True)
+        if loaded is None:  # pytest itself failed before the tests ran
+            return Baseline(test_file, False, output, seconds, frozenset())
+        return Baseline(test_file, outcome == "survived", output, seconds, loaded)
 
-        Returns the outcome (killed, timeout, survived) and pytest's output."""
+    def run(
+        self, files: dict[str, str], argv: Sequence[str], timeout: float | None
+    ) -> tuple[str, str]:
+        """Write `files` (path -> text) into a free workspace, run `python argv`, restore.
+
+        Returns the outcome (killed, timeout, survived) and the output."""
         workspace = self.workspaces.get()
         originals = {module: (workspace / module).read_bytes() for module in files}
         try:
             for module, text in files.items():
                 (workspace / module).write_text(text, encoding="utf-8")
-            return self._pytest(workspace, test_order, timeout)
+            return self._python(workspace, argv, timeout)
         finally:
             for module, content in originals.items():
                 (workspace / module).write_bytes(content)
             self.workspaces.put(workspace)
 
-    def _pytest(
-        self, workspace: Path, test_order: Sequence[str], timeout: float | None
+    def _python(
+        self, workspace: Path, argv: Sequence[str], timeout: float | None
     ) -> tuple[str, str]:
         if self.stopping.is_set():
             raise KeyboardInterrupt
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
         process = subprocess.Popen(
-            [*command, *test_order],
+            [sys.executable, *argv],
             cwd=workspace,
             env=self._env(workspace),
             stdout=subprocess.PIPE,
@@ -411,45 +445,89 @@ def run_mutants(
     timeout: float | None,
     progress: Callable[[str], None],
 ) -> list[Result]:
-    """Every mutant of `modules`, each judged by `tests`; results in source order."""
+    """Every mutant of `modules`, each judged by the test files that load its module.
+
+    A test file that never imports a module cannot see its mutants, so it is not run
+    for them: that keeps a run to minutes, and unrelated tests (a timing-sensitive
+    server test, say) cannot kill a mutant by chance. Tests that use a module only in
+    a child process do not count as loading it. Results come in source order."""
     mutants = [m for module in modules for m in generate_mutants(module, _read(root, module))]
-    orders = {module: ordered_test_files(root, tests, module) for module in modules}
+    files = test_files(root, tests)
     with tempfile.TemporaryDirectory(prefix="fenceproxy-mutate-") as base:
         runner = Runner(root, Path(base), jobs)
         runner.check_imports(modules)
         # The mutants are written as ast.unparse output; the tests must pass on the
         # unparsed originals, so that only the mutation itself can fail them.
         unparsed = {m: ast.unparse(ast.parse(_read(root, m))) for m in modules}
-        started = time.monotonic()
-        outcome, output = runner.run(unparsed, orders[modules[0]], None)
-        baseline = time.monotonic() - started
-        if outcome != "survived":
-            raise SystemExit(f"mutate: the tests fail without any mutant:\n{output}")
-        limit = timeout if timeout is not None else max(30.0, 10 * baseline)
-        progress(
-            f"{len(mutants)} mutants; tests pass in {baseline:.1f}s unmutated; "
-            f"{limit:.0f}s per mutant at most; {jobs} at a time"
-        )
-
-        done = 0
-
-        def judge(mutant: Mutant) -> Result:
-            nonlocal done
-            outcome, _ = runner.run({mutant.module: mutant.source}, orders[mutant.module], limit)
-            with runner.lock:
-                done += 1
-                if done % 25 == 0 or done == len(mutants):
-                    progress(f"{done}/{len(mutants)} mutants run")
-            return Result(mutant, outcome)
-
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(judge, mutant) for mutant in mutants]
             try:
+                baselines = list(pool.map(lambda f: runner.baseline(unparsed, f, modules), files))
+                plans = _plan(root, modules, baselines, timeout, progress)
+                progress(f"{len(mutants)} mutants, {jobs} at a time")
+                judge = _Judge(runner, plans, len(mutants), progress)
+                futures = [pool.submit(judge, mutant) for mutant in mutants]
                 return [future.result() for future in futures]
             except BaseException:
                 runner.stop()
                 pool.shutdown(cancel_futures=True)
                 raise
+
+
+@dataclass(frozen=True)
+class _Plan:
+    test_files: tuple[str, ...]  # those naming the module first, so -x stops sooner
+    timeout: float
+
+
+def _plan(
+    root: Path,
+    modules: Sequence[str],
+    baselines: Sequence[Baseline],
+    timeout: float | None,
+    progress: Callable[[str], None],
+) -> dict[str, _Plan]:
+    for failed in (b for b in baselines if not b.passed):
+        raise SystemExit(f"mutate: {failed.test_file} fails without any mutant:\n{failed.output}")
+    plans = {}
+    for module in modules:
+        name = _dotted(module)
+        loading = [b for b in baselines if name in b.loaded]
+        ordered = sorted(
+            (b.test_file for b in loading),
+            key=lambda f: name not in (root / f).read_text(encoding="utf-8"),
+        )
+        seconds = sum(b.seconds for b in loading)
+        # Ten times the unmutated run: only a mutant that hangs gets near it.
+        limit = timeout if timeout is not None else max(30.0, 10 * seconds)
+        plans[module] = _Plan(tuple(ordered), limit)
+        shown = ", ".join(Path(f).name for f in ordered) or "none: its mutants all survive"
+        progress(f"{module}: {seconds:.1f}s unmutated in {shown}")
+    return plans
+
+
+class _Judge:
+    """Runs one mutant against its module's test files; counts progress."""
+
+    def __init__(
+        self, runner: Runner, plans: dict[str, _Plan], total: int, progress: Callable[[str], None]
+    ) -> None:
+        self.runner = runner
+        self.plans = plans
+        self.total = total
+        self.progress = progress
+        self.done = 0
+
+    def __call__(self, mutant: Mutant) -> Result:
+        plan = self.plans[mutant.module]
+        outcome = "survived"
+        if plan.test_files:
+            argv = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *plan.test_files]
+            outcome, _ = self.runner.run({mutant.module: mutant.source}, argv, plan.timeout)
+        with self.runner.lock:
+            self.done += 1
+            if self.done % 25 == 0 or self.done == self.total:
+                self.progress(f"{self.done}/{self.total} mutants run")
+        return Result(mutant, outcome)
 
 
 def _read(root: Path, module: str) -> str:

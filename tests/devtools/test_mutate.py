@@ -115,13 +115,21 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 def test_a_run_judges_each_mutant_and_never_touches_the_project(tmp_path: Path) -> None:
-    (tmp_path / "calc.py").write_text(MODULE, encoding="utf-8")
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_calc.py").write_text(TESTS, encoding="utf-8")
-    before = snapshot(tmp_path)
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "calc.py").write_text(MODULE, encoding="utf-8")
+    (project / "tests" / "test_calc.py").write_text(TESTS, encoding="utf-8")
+    # A test file that never imports calc.py, and counts how often it runs.
+    runs = tmp_path / "unrelated-runs.txt"
+    (project / "tests" / "test_unrelated.py").write_text(
+        f"def test_unrelated() -> None:\n    with open({str(runs)!r}, 'a') as f:\n"
+        "        f.write('run\\n')\n",
+        encoding="utf-8",
+    )
+    before = snapshot(project)
     messages: list[str] = []
 
-    results = run_mutants(tmp_path, ["calc.py"], ["tests"], 2, 5.0, messages.append)
+    results = run_mutants(project, ["calc.py"], ["tests"], 2, 5.0, messages.append)
 
     outcomes = {(r.mutant.line, r.mutant.description): r.outcome for r in results}
     assert outcomes == {
@@ -135,5 +143,9 @@ def test_a_run_judges_each_mutant_and_never_touches_the_project(tmp_path: Path) 
         (3, "1 -> 0"): "timeout",
         (4, "return value 'n' -> None"): "killed",
     }
-    assert snapshot(tmp_path) == before
-    assert messages[0].startswith("8 mutants;")
+    assert snapshot(project) == before
+    # The unrelated file ran once, unmutated, and was then left out.
+    assert runs.read_text(encoding="utf-8") == "run\n"
+    assert messages[0].startswith("calc.py: ")
+    assert messages[0].endswith("s unmutated in test_calc.py")
+    assert messages[1] == "8 mutants, 2 at a time"
