@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Mutation testing of the pure rule modules against tests/unit: several minutes, so
+# not part of `make test`. Narrow it with e.g. `make mutate MUTATE_ARGS=core/probing.py`.
+mutate: $(STAMP)
+	$(PY) -m devtools.mutate $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

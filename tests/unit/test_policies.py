@@ -519,6 +519,75 @@ def test_two_parameter_names_for_one_path_shape_are_ambiguous() -> None:
     assert "(line 8)" in problems[0].message
 
 
+def two_get_routes(first_path: str, second_path: str) -> str:
+    return f"""\
+version: 1
+upstreams: {{s: {{url: "http://127.0.0.1:9001"}}}}
+routes:
+  - {{name: first, upstream: s, fence: none, match: {{methods: [GET], path: "{first_path}"}}}}
+  - {{name: second, upstream: s, fence: none, match: {{methods: [GET], path: "{second_path}"}}}}
+"""
+
+
+def test_catch_all_beside_a_multi_segment_regex_is_ambiguous() -> None:
+    # No literal segment to borrow: only a two-segment sample value finds the overlap.
+    problems = problems_of(two_get_routes("/{a:.*}", "/{b:[a-z]+/[a-z]+}"))
+    assert [(p.line, p.key, p.message) for p in problems] == [
+        (
+            5,
+            "routes[1]",
+            "route 'second' and route 'first' (line 4) both match GET /x/y; "
+            "matching would be ambiguous",
+        )
+    ]
+
+
+def test_two_regexes_that_both_match_an_empty_segment_are_ambiguous() -> None:
+    # Digits and letters share no character: only an empty value finds the overlap.
+    problems = problems_of(two_get_routes("/a/{x:[0-9]*}", "/a/{y:[a-z]*}"))
+    assert [(p.line, p.key, p.message) for p in problems] == [
+        (
+            5,
+            "routes[1]",
+            "route 'second' and route 'first' (line 4) both match GET /a/; "
+            "matching would be ambiguous",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first_path", "second_path", "witness"),
+    [
+        # Each overlap below is found by one kind of sample value only.
+        ("/{name}", "/{word:[a-z]+}", "/x"),
+        ("/items/{name}", "/items/{id:int}", "/items/1"),
+        ("/items/{name}", "/items/{key:uuid}", "/items/00000000-0000-0000-0000-000000000000"),
+        # Each route's slot accepts a literal segment of the other.
+        ("/{section}/latest", "/orders/{version}", "/orders/latest"),
+        # The literal text after the last parameter is part of the sample path.
+        ("/orders/{a:int}/lines", "/orders/{b:int}/lines", "/orders/1/lines"),
+    ],
+)
+def test_overlapping_routes_are_reported_with_a_path_both_match(
+    first_path: str, second_path: str, witness: str
+) -> None:
+    problems = problems_of(two_get_routes(first_path, second_path))
+    assert [(p.line, p.key, p.message) for p in problems] == [
+        (
+            5,
+            "routes[1]",
+            f"route 'second' and route 'first' (line 4) both match GET {witness}; "
+            "matching would be ambiguous",
+        )
+    ]
+
+
+def test_digit_and_letter_parameters_of_one_or_more_characters_do_not_overlap() -> None:
+    # The same shapes as the empty-segment case above, minus the empty value.
+    policy = parse_policy(two_get_routes("/a/{x:[0-9]+}", "/a/{y:[a-z]+}"))
+    assert [route.name for route in policy.routes] == ["first", "second"]
+
+
 def test_invalid_yaml_syntax() -> None:
     text = edit("port: 8080}", "port: 8080")
     problems = problems_of(text)
@@ -642,6 +711,18 @@ def test_path_not_starting_with_a_slash() -> None:
 def test_path_under_the_reserved_fence_prefix() -> None:
     text = edit('path: "/orders/{sku}"', 'path: "/_fence/v1/{sku}"')
     assert_single_problem(text, 10, "routes[0].match.path", "reserved for the proxy's own API")
+
+
+@pytest.mark.parametrize("path", ["/orders?sku={sku}", "/orders/{sku}#top"])
+def test_query_or_fragment_in_a_path_template_is_refused(path: str) -> None:
+    # Routes match the request path only; such a route would load and never match.
+    text = edit('path: "/orders/{sku}"', f'path: "{path}"')
+    assert_single_problem(
+        text,
+        10,
+        "routes[0].match.path",
+        f"a path template matches the path only, without '?' or '#' in '{path}'",
+    )
 
 
 def test_fenced_route_without_a_resource() -> None:

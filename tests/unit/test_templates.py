@@ -76,11 +76,18 @@ def test_several_parameters() -> None:
         ("/_fence/v1/leases", "reserved for the proxy's own API"),
         ("/orders/{sku", "unbalanced '{' or '}'"),
         ("/orders/sku}", "unbalanced '{' or '}'"),
+        ("/orders}/{sku}", "unbalanced '{' or '}'"),
         ("/orders/{1sku}", "parameter name '1sku' is not an identifier"),
         ("/orders/{}", "parameter name '' is not an identifier"),
         ("/orders/{a}/{a}", "parameter 'a' appears twice"),
         ("/orders/{a:[}", "parameter 'a' has an invalid regex '['"),
         ("/orders/{a:(x|y)}", "use (?:...) instead of groups"),
+        # The proxy matches the path alone: a template with a query or a fragment
+        # would be accepted and then never match any request.
+        ("/search?q={q}", "without '?' or '#'"),
+        ("/orders/{sku}?v=1", "without '?' or '#'"),
+        ("/help#{section}", "without '?' or '#'"),
+        ("/page#top", "without '?' or '#'"),
     ],
 )
 def test_bad_path_templates_are_refused(raw: str, message: str) -> None:
@@ -147,6 +154,10 @@ def test_string_template_render_without_quote_keeps_values() -> None:
         ("supplier:{}", "placeholder {} is not a parameter name"),
         ("supplier:{sku", "unbalanced"),
         ("supplier:sku}", "unbalanced"),
+        # A stray '}' in the very first position, alone or before a placeholder.
+        ("}", "unbalanced"),
+        ("}abc", "unbalanced"),
+        ("}{sku}", "unbalanced"),
     ],
 )
 def test_bad_string_templates_are_refused(raw: str, message: str) -> None:
