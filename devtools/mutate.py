@@ -38,6 +38,7 @@ DEFAULT_MODULES = (
     "core/fencing.py",
     "core/probing.py",
     "core/outcomes.py",
+    "core/lifecycle.py",
 )
 DEFAULT_TESTS = ("tests/unit",)
 
