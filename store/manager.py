@@ -30,6 +30,7 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
+from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
 
 
@@ -86,6 +87,18 @@ class LeaseView:
             "blocked": self.blocked,
             "in_doubt": list(self.in_doubt),
         }
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one retention pass deleted."""
+
+    effects: int
+    rejections: int
+
+    def full(self, batch: int) -> bool:
+        """A full batch of either: there may be more to delete right away."""
+        return self.effects >= batch or self.rejections >= batch
 
 
 # Effects admitted before retention ran from settlement did not record their route's.
@@ -544,6 +557,40 @@ class Store:
             if not (lock and lock["acquired"]):
                 return 0  # another replica is collecting right now
             return await tx.execute("expired_idempotency_records", now=tx.now)
+
+        return await self.connector.write(operation)
+
+    async def apply_retention(self, retention: Retention) -> Purged:
+        """One bounded pass of retention, in one transaction: at most `batch` settled
+        effects that settled more than `effects_s` ago (with their history and expired
+        idempotency records; never one in doubt or conflicting, never one a retained key
+        points to), and at most `batch` rejections older than `rejections_s`. 0 keeps
+        forever. One replica at a time; the others' passes delete nothing."""
+
+        async def operation(tx: Tx) -> Purged:
+            lock = await tx.one("retention_lock")
+            if not (lock and lock["acquired"]):
+                return Purged(0, 0)
+            effects = rejections = 0
+            if retention.effects_s > 0:
+                picked = await tx.all(
+                    "expired_effects",
+                    horizon=tx.now - retention.effects_s,
+                    now=tx.now,
+                    limit=retention.batch,
+                )
+                if picked:
+                    ids = json.dumps([row["id"] for row in picked])
+                    await tx.execute("delete_events_of_effects", ids=ids)
+                    await tx.execute("delete_keys_of_effects", ids=ids, now=tx.now)
+                    effects = await tx.execute("delete_effects", ids=ids)
+            if retention.rejections_s > 0:
+                rejections = await tx.execute(
+                    "delete_expired_rejections",
+                    horizon=tx.now - retention.rejections_s,
+                    limit=retention.batch,
+                )
+            return Purged(effects, rejections)
 
         return await self.connector.write(operation)
 

@@ -140,6 +140,50 @@ WHERE expires_at IS NOT NULL AND expires_at <= :now
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
                   AND e.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))
 
+-- retention_lock --
+-- One replica at a time applies retention; the others skip this pass.
+SELECT pg_try_advisory_xact_lock(7431002) AS acquired
+
+-- expired_effects --
+-- Settled effects that settled before the horizon and that no idempotency record still
+-- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- created before the horizon (which holds every effect settled before it): a pass never
+-- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
+-- matter, and without it no plan has to sort every candidate before the LIMIT.
+-- Locked until the pass commits (SKIP LOCKED: never waits on one being settled);
+-- a row that changed state meanwhile is re-checked and left out.
+SELECT id FROM effects
+WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
+  AND created_at < :horizon AND finished_at < :horizon
+  AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
+                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+LIMIT :limit
+FOR UPDATE OF effects SKIP LOCKED
+
+-- delete_events_of_effects --
+-- :ids is a JSON array of effect ids (one parameter on both backends), unpacked once
+-- into an array so that the lookup is an index search, whatever the planner estimates.
+DELETE FROM effect_events
+WHERE effect_id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+
+-- delete_keys_of_effects --
+DELETE FROM idempotency
+WHERE effect_id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+  AND expires_at IS NOT NULL AND expires_at <= :now
+
+-- delete_effects --
+-- Whatever was picked, an effect in doubt is never deleted. (Spelled so that the planner
+-- does not also read effects_settled for it: the ids are the whole search.)
+DELETE FROM effects
+WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+  AND state NOT IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+
+-- delete_expired_rejections --
+-- The ids as one array, so that they are looked up (an IN subquery may be hash-joined
+-- against the whole table).
+DELETE FROM rejections
+WHERE id = ANY (ARRAY(SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit))
+
 -- ping --
 SELECT 1 AS ok
 

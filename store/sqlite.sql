@@ -132,6 +132,40 @@ WHERE expires_at IS NOT NULL AND expires_at <= :now
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
                   AND e.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))
 
+-- retention_lock --
+-- BEGIN IMMEDIATE already makes this the only writer.
+SELECT 1 AS acquired
+
+-- expired_effects --
+-- Settled effects that settled before the horizon and that no idempotency record still
+-- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- created before the horizon (which holds every effect settled before it): a pass never
+-- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
+-- matter, and without it no plan has to sort every candidate before the LIMIT.
+SELECT id FROM effects
+WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
+  AND created_at < :horizon AND finished_at < :horizon
+  AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
+                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+LIMIT :limit
+
+-- delete_events_of_effects --
+-- :ids is a JSON array of effect ids (one parameter on both backends).
+DELETE FROM effect_events WHERE effect_id IN (SELECT value FROM json_each(:ids))
+
+-- delete_keys_of_effects --
+DELETE FROM idempotency WHERE effect_id IN (SELECT value FROM json_each(:ids))
+  AND expires_at IS NOT NULL AND expires_at <= :now
+
+-- delete_effects --
+-- Whatever was picked, an effect in doubt is never deleted.
+DELETE FROM effects WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state NOT IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+
+-- delete_expired_rejections --
+DELETE FROM rejections WHERE id IN (
+    SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit)
+
 -- ping --
 SELECT 1 AS ok
 
