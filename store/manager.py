@@ -356,9 +356,18 @@ class Store:
     async def effects(
         self, resource: str | None = None, state: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
+        # One query per filter, so that each reads one index range (see the SQL files).
+        if resource is not None:
+            query, params = "effects_of_resource", {"resource": resource, "state": state}
+        elif state is None:
+            query, params = "effects", {}
+        elif state in {s.value for s in lifecycle.BLOCKING}:
+            query, params = "in_doubt_effects_in_state", {"state": state}
+        else:
+            query, params = "effects_in_state", {"state": state}
+
         async def operation(tx: Tx) -> list[EffectRecord]:
-            rows = await tx.all("effects", resource=resource, state=state, limit=limit)
-            return [_effect(row) for row in rows]
+            return [_effect(row) for row in await tx.all(query, **params, limit=limit)]
 
         return await self.connector.read(operation)
 
@@ -519,10 +528,13 @@ class Store:
         return await self.connector.write(operation)
 
     async def counts(self) -> tuple[dict[str, int], int, float]:
-        """Effects by state, blocked resources, and the age of the oldest in-doubt effect."""
+        """Effects in doubt by state (DISPATCHING, UNKNOWN, CONFLICTING: never the settled
+        history, which would mean reading all of it), blocked resources, and the age of
+        the oldest in-doubt effect."""
 
         async def operation(tx: Tx) -> tuple[dict[str, int], int, float]:
-            by_state = {r["state"]: int(r["n"]) for r in await tx.all("count_effects_by_state")}
+            rows = await tx.all("count_in_doubt_effects_by_state")
+            by_state = {r["state"]: int(r["n"]) for r in rows}
             blocked = await tx.one("blocked_resources")
             oldest = await tx.one("oldest_in_doubt")
             started = oldest["oldest"] if oldest else None
@@ -544,7 +556,10 @@ class Store:
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
         async def operation(tx: Tx) -> list[Rejection]:
-            rows = await tx.all("rejections", resource=resource, limit=limit)
+            if resource is None:
+                rows = await tx.all("rejections", limit=limit)
+            else:
+                rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
             return [Rejection(**row) for row in rows]
 
         return await self.connector.read(operation)
