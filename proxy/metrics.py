@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
-from store import Receipt, Store
+from store import Purged, Receipt, Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -63,9 +63,17 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self.retention_deleted = Counter(
+            "fenceproxy_retention_deleted",
+            "Records the retention collector deleted (effects with their history, rejections)",
+            ["record"],
+            registry=self.registry,
+        )
         for state in EffectState:
             if state not in BLOCKING:
                 self.settled.labels(state.value)
+        for record in ("effects", "rejections"):
+            self.retention_deleted.labels(record)
         self.blocked = Gauge(
             "fenceproxy_blocked_resources",
             "Resources with an UNKNOWN or CONFLICTING effect (waiting for reconciliation)",
@@ -105,6 +113,10 @@ class Metrics:
         receipt that found it settled already, nor one that left it in doubt)."""
         if receipt.transition.record is Record.SETTLED and receipt.effect.state not in BLOCKING:
             self._child(self.settled, receipt.effect.state.value).inc()
+
+    def count_retention(self, purged: Purged) -> None:
+        self._child(self.retention_deleted, "effects").inc(purged.effects)
+        self._child(self.retention_deleted, "rejections").inc(purged.rejections)
 
     def observe_upstream(self, route: str, seconds: float) -> None:
         self._child(self.upstream_latency, route).observe(seconds)

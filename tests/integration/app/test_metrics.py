@@ -147,6 +147,10 @@ async def test_no_in_doubt_effect_means_zero_age_and_nothing_blocked(fence: Fenc
     assert metrics["fenceproxy_oldest_in_doubt_age_seconds"] == {labels(): 0}
     assert set(metrics["fenceproxy_effects"].values()) == {0}
     assert set(metrics["fenceproxy_effects_settled_total"].values()) == {0}
+    assert metrics["fenceproxy_retention_deleted_total"] == {
+        labels(record="effects"): 0,
+        labels(record="rejections"): 0,
+    }
 
 
 async def test_settled_effects_are_counted_by_the_receipt_that_settled_them(

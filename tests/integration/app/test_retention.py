@@ -21,9 +21,11 @@ import pytest
 from core.lifecycle import Event
 from core.records import EffectState, Refusal, Rejection, StoredResponse
 from policies import Retention
+from proxy.retention import RetentionCollector
+from proxy.runtime import RUNTIME
 from store import Admitted, NewEffect, Purged, Store
 from tests.integration.app import backends
-from tests.integration.app.conftest import FakeClock
+from tests.integration.app.conftest import FakeClock, FenceFactory, poll_until
 from tests.integration.app.test_store_contract import granted, new_token_hash, running_store
 
 DAY = 86400.0
@@ -241,7 +243,7 @@ async def test_zero_keeps_forever(store: Store, store_url: str, clock: FakeClock
 # --- bounded passes ------------------------------------------------------------------------
 
 
-async def test_a_pass_deletes_at_most_a_batch(
+async def test_a_pass_deletes_at_most_a_batch_and_the_collector_repeats_passes(
     store: Store, store_url: str, clock: FakeClock
 ) -> None:
     long_ago = await store.now() - 60 * DAY
@@ -257,11 +259,15 @@ async def test_a_pass_deletes_at_most_a_batch(
     assert await backends.count(store_url, "idempotency") == 15
     assert await backends.count(store_url, "rejections") == 15
 
-    assert await store.apply_retention(small) == Purged(10, 10)
-    assert await store.apply_retention(small) == Purged(5, 5)
-    assert await store.apply_retention(small) == Purged(0, 0)
-    for table in ("effects", "effect_events", "idempotency", "rejections"):
-        assert await backends.count(store_url, table) == 0, table
+    # The collector goes on while a pass deleted a full batch: 10, then 5 (not full).
+    deleted: list[Purged] = []
+    collector = RetentionCollector(store, small, on_deleted=deleted.append)
+    assert await collector.collect() == (Purged(15, 15), 2)
+    assert deleted == [Purged(10, 10), Purged(5, 5)]
+    assert await backends.count(store_url, "effects") == 0
+    assert await backends.count(store_url, "effect_events") == 0
+    assert await backends.count(store_url, "idempotency") == 0
+    assert await backends.count(store_url, "rejections") == 0
 
 
 async def test_one_pass_over_a_hundred_thousand_old_effects_deletes_one_batch(
@@ -318,3 +324,59 @@ async def test_two_replicas_collecting_at_once_delete_each_record_once(
     assert sum(p.rejections for p in every_pass) == many
     for table in ("effects", "effect_events", "idempotency", "rejections"):
         assert await backends.count(store_url, table) == 0, table
+
+
+# --- the collector in the app ----------------------------------------------------------------
+
+
+async def test_the_app_collects_old_receipts_and_counts_them(make_fence: FenceFactory) -> None:
+    fence = await make_fence()
+    lease = await fence.acquire("supplier:widget", "worker-a", ttl_s=30)
+    assert (await fence.order("widget", lease["token"], "k-1")).status == 201
+    await fence.order("widget", "fpt_" + "x" * 43, "k-2")  # refused and recorded
+    assert len(await fence.effects()) == 1
+    assert len(await fence.rejections()) == 1
+
+    fence.clock.advance(31 * 86400)
+    collector = fence.app[RUNTIME].retention
+    assert collector is not None
+    collector.wake.set()
+
+    async def collected() -> bool:
+        text = await (await fence.client.get("/_fence/metrics")).text()
+        return 'fenceproxy_retention_deleted_total{record="effects"} 1.0' in text
+
+    await poll_until(collected, "the old receipt to be collected")
+    assert await fence.effects() == []
+    assert await fence.rejections() == []
+
+
+async def test_the_retention_collector_survives_an_unexpected_failure(
+    make_fence: FenceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fence = await make_fence()
+    collector = fence.app[RUNTIME].retention
+    assert collector is not None
+    real = fence.store.apply_retention
+    calls: list[str] = []
+
+    async def failing_once(retention: Retention) -> Purged:
+        calls.append("pass")
+        if len(calls) == 1:
+            raise RuntimeError("an unexpected bug in one pass")
+        return await real(retention)
+
+    monkeypatch.setattr(fence.store, "apply_retention", failing_once)
+    collector.wake.set()
+
+    async def counted() -> bool:
+        text = await (await fence.client.get("/_fence/metrics")).text()
+        return 'fenceproxy_background_failures_total{loop="retention"} 1.0' in text
+
+    await poll_until(counted, "the failed round to be counted")
+    collector.wake.set()  # cut the back-off short
+
+    async def ran_again() -> bool:
+        return len(calls) >= 2
+
+    await poll_until(ran_again, "the collector to run again")
