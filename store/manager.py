@@ -341,7 +341,11 @@ class Store:
                 upstream_status,
                 response,
             )
-            assert step is not None and step.transition is not None
+            if step is None:
+                # Only retention deletes effects, and only long-settled ones: this receipt
+                # comes from a proxy that stalled for longer than effects_days.
+                raise StoreError(f"{effect_id} is no longer in the store (retention deleted it)")
+            assert step.transition is not None
             return Receipt(step.transition, step.effect, step.key_holder)
 
         return await self.connector.write(operation)

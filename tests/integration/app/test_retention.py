@@ -23,7 +23,7 @@ from core.records import EffectState, Refusal, Rejection, StoredResponse
 from policies import Retention
 from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME
-from store import Admitted, NewEffect, Purged, Store
+from store import Admitted, NewEffect, Purged, Store, StoreError
 from tests.integration.app import backends
 from tests.integration.app.conftest import FakeClock, FenceFactory, poll_until
 from tests.integration.app.test_store_contract import granted, new_token_hash, running_store
@@ -130,6 +130,20 @@ async def test_old_settled_effects_and_rejections_go_with_their_history_and_keys
     assert {not_committed, not_sent}.isdisjoint(await effect_ids(store_url))
     # Nothing more is due.
     assert await store.apply_retention(KEEP) == Purged(0, 0)
+
+
+async def test_a_receipt_for_a_deleted_effect_is_refused_and_recreates_nothing(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    effect_id = await settled(store, "r:a", Event.ANSWERED_COMMITTED, key="k-1")
+    clock.advance(31 * DAY)
+    assert await store.apply_retention(KEEP) == Purged(1, 0)
+
+    # A proxy that stalled for longer than the retention wakes with its receipt.
+    with pytest.raises(StoreError, match="no longer in the store"):
+        await store.finish_effect(effect_id, Event.ANSWERED_COMMITTED, 201, "late", RESPONSE)
+    assert await effect_ids(store_url) == set()
+    assert await key_owners(store_url) == set()
 
 
 async def test_rejections_go_on_their_own_horizon(
