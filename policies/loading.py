@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from policies.model import (
+    DAY_S,
+    DEFAULT_RETENTION,
     RESOURCE_RE,
     Idempotency,
     LeaseBounds,
@@ -22,6 +24,7 @@ from policies.model import (
     Policy,
     Probe,
     Reconcile,
+    Retention,
     Route,
     StatusRules,
     StorePool,
@@ -57,6 +60,7 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
             "leases",
             "upstreams",
             "routes",
+            "retention",
         },
     )
     if not root.valid:
@@ -72,9 +76,10 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
     leases = _parse_leases(root, problems)
     upstreams = _parse_upstreams(root, problems)
     routes = _parse_routes(root, problems, upstreams)
+    retention = _parse_retention(root, problems, routes)
     if problems:
         raise ConfigError(filename, problems.items)
-    return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool)
+    return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool, retention)
 
 
 def _parse_listen(root: Mapping, problems: Problems) -> Listen:
@@ -135,6 +140,49 @@ def _parse_leases(root: Mapping, problems: Problems) -> LeaseBounds:
     elif not low <= default <= high:
         problems.add(node, f"default_ttl_s ({default}) is outside [{low}, {high}]")
     return LeaseBounds(float(low), float(high), float(default))
+
+
+# One retention pass is one transaction: it must stay short (SQLite's writer, and the
+# admissions queued behind it, wait for it).
+MAX_RETENTION_BATCH = 10_000
+
+
+def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...]) -> Retention:
+    """`retention: {effects_days, rejections_days, batch}`; days may be fractional, 0 keeps
+    forever. A receipt is kept at least as long as its key replays (the longest
+    `idempotency.retain_s` of a fenced route): the default stretches to it, and a shorter
+    `effects_days` is refused."""
+    fenced = [route for route in routes if route.fenced]
+    longest = max(fenced, key=lambda route: route.idempotency.retain_s, default=None)
+    longest_s = longest.idempotency.retain_s if longest is not None else 0.0
+    default_effects_s = max(DEFAULT_RETENTION.effects_s, longest_s)
+    node = root.child("retention")
+    if node is None:
+        return Retention(default_effects_s, DEFAULT_RETENTION.rejections_s, DEFAULT_RETENTION.batch)
+    block = Mapping(node, problems, {"effects_days", "rejections_days", "batch"})
+    if not block.valid:
+        return DEFAULT_RETENTION
+    effects = block.number("effects_days", default=None)
+    rejections = block.number("rejections_days", default=DEFAULT_RETENTION.rejections_s / DAY_S)
+    batch = block.number("batch", default=DEFAULT_RETENTION.batch, minimum=1, integer=True)
+    effects_s = default_effects_s if effects is None else float(effects) * DAY_S
+    if effects is not None and longest is not None and 0 < effects_s < longest_s:
+        problems.add(
+            block.children["effects_days"],
+            f"{effects:g} days is shorter than idempotency.retain_s of route {longest.name!r} "
+            f"({longest_s:g} s = {longest_s / DAY_S:g} days): a receipt is kept as long as "
+            f"its key may replay it; use at least {longest_s / DAY_S:g} (or 0: forever)",
+        )
+    if isinstance(batch, int) and batch > MAX_RETENTION_BATCH:
+        problems.add(
+            block.children["batch"],
+            f"must be at most {MAX_RETENTION_BATCH} (one pass is one transaction), got {batch}",
+        )
+    return Retention(
+        effects_s,
+        float(rejections) * DAY_S if rejections is not None else DEFAULT_RETENTION.rejections_s,
+        batch if isinstance(batch, int) else DEFAULT_RETENTION.batch,
+    )
 
 
 def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:

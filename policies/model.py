@@ -36,6 +36,22 @@ class StorePool:
     max_size: int
 
 
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long the audit trail is kept, in seconds (0: forever), and the most one
+    pass of the retention collector deletes of each kind in one transaction."""
+
+    effects_s: float
+    rejections_s: float
+    batch: int
+
+
+DEFAULT_RETENTION = Retention(30 * DAY_S, 7 * DAY_S, 1000)
+
+
 @dataclass(frozen=True)
 class LeaseBounds:
     min_ttl_s: float
@@ -124,6 +140,7 @@ class Policy:
     upstreams: dict[str, Upstream]
     routes: tuple[Route, ...]
     store_pool: StorePool = StorePool(1, 10)
+    retention: Retention = DEFAULT_RETENTION
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         for route in self.routes:

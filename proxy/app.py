@@ -23,6 +23,7 @@ from proxy.requests import (
     check_header_sizes,
     read_body,
 )
+from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME, Runtime, runtime_of
 from reconcile.prober import Reconciler
 from store import Store, StoreUnavailable, open_store
@@ -56,7 +57,9 @@ def build_app(
     app = web.Application(middlewares=[problem_middleware])
     runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime
-    app.cleanup_ctx.extend([_store_ctx, _client_ctx, _garbage_collector_ctx, _reconciler_ctx])
+    app.cleanup_ctx.extend(
+        [_store_ctx, _client_ctx, _garbage_collector_ctx, _retention_ctx, _reconciler_ctx]
+    )
     control.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
@@ -101,6 +104,25 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(GC_INTERVAL_S)
 
     task = asyncio.create_task(collect_forever(), name="idempotency-gc")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
+    runtime = app[RUNTIME]
+    collector = RetentionCollector(
+        runtime.store,
+        runtime.policy.retention,
+        on_deleted=runtime.metrics.count_retention,
+        on_failure=lambda: runtime.metrics.count_background_failure("retention"),
+    )
+    if not collector.enabled:  # everything is kept forever
+        yield
+        return
+    runtime.retention = collector
+    task = asyncio.create_task(collector.run(), name="retention")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

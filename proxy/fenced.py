@@ -133,6 +133,7 @@ async def _dispatch_admitted(
         runtime.metrics.count_request(route.name, "unrecorded")
         return _unrecorded(effect, reason, upstream_status, fence)
     runtime.metrics.count_request(route.name, receipt.effect.state.value.lower())
+    runtime.metrics.count_receipt(receipt)
     if receipt.effect.state is EffectState.UNKNOWN and runtime.reconciler is not None:
         runtime.reconciler.wake.set()
     return _answer(receipt, reason, upstream_status, answer, fence)

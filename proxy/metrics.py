@@ -1,7 +1,10 @@
 """Prometheus metrics: counters kept in the process, gauges read from the store.
 
-Gauges about effects come from the store at scrape time, not from counters in
-memory: the store is the authority, and a replica or a restart must not skew them.
+Gauges about effects in doubt come from the store at scrape time, not from counters
+in memory: the store is the authority, and a replica or a restart must not skew them.
+They read only the effects in doubt (a partial index), never the settled history,
+so a scrape costs the same however large the store grows; settled effects are
+counted as this process's receipts settle them (`fenceproxy_effects_settled_total`).
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
-from store import Store
+from store import Purged, Receipt, Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -48,8 +52,28 @@ class Metrics:
             registry=self.registry,
         )
         self.effects = Gauge(
-            "fenceproxy_effects", "Effects in the store by state", ["state"], registry=self.registry
+            "fenceproxy_effects",
+            "Effects in doubt in the store, by state (DISPATCHING, UNKNOWN, CONFLICTING)",
+            ["state"],
+            registry=self.registry,
         )
+        self.settled = Counter(
+            "fenceproxy_effects_settled",
+            "Effects this process's dispatch receipts settled, by the state they settled in",
+            ["state"],
+            registry=self.registry,
+        )
+        self.retention_deleted = Counter(
+            "fenceproxy_retention_deleted",
+            "Records the retention collector deleted (effects with their history, rejections)",
+            ["record"],
+            registry=self.registry,
+        )
+        for state in EffectState:
+            if state not in BLOCKING:
+                self.settled.labels(state.value)
+        for record in ("effects", "rejections"):
+            self.retention_deleted.labels(record)
         self.blocked = Gauge(
             "fenceproxy_blocked_resources",
             "Resources with an UNKNOWN or CONFLICTING effect (waiting for reconciliation)",
@@ -84,13 +108,24 @@ class Metrics:
     def count_background_failure(self, loop: str) -> None:
         self._child(self.background_failures, loop).inc()
 
+    def count_receipt(self, receipt: Receipt) -> None:
+        """Count the effect as settled if this receipt is what settled it (not a late
+        receipt that found it settled already, nor one that left it in doubt)."""
+        if receipt.transition.record is Record.SETTLED and receipt.effect.state not in BLOCKING:
+            self._child(self.settled, receipt.effect.state.value).inc()
+
+    def count_retention(self, purged: Purged) -> None:
+        self._child(self.retention_deleted, "effects").inc(purged.effects)
+        self._child(self.retention_deleted, "rejections").inc(purged.rejections)
+
     def observe_upstream(self, route: str, seconds: float) -> None:
         self._child(self.upstream_latency, route).observe(seconds)
 
     async def render(self, store: Store) -> bytes:
-        by_state, blocked, oldest_age = await store.counts()
+        in_doubt, blocked, oldest_age = await store.counts()
         for state in EffectState:
-            self.effects.labels(state.value).set(by_state.get(state.value, 0))
+            if state in BLOCKING:
+                self.effects.labels(state.value).set(in_doubt.get(state.value, 0))
         self.blocked.set(blocked)
         self.oldest_in_doubt.set(oldest_age)
         return generate_latest(self.registry)

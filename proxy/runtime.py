@@ -18,6 +18,7 @@ from proxy.problems import ProblemError
 from store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
+    from proxy.retention import RetentionCollector
     from reconcile.prober import Reconciler
 
 
@@ -29,6 +30,7 @@ class Runtime:
     session: aiohttp.ClientSession | None = None
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
+    retention: RetentionCollector | None = None
     shutting_down: bool = False
 
     async def record_rejection(

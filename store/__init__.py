@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from policies.store_backends import StoreBackend, store_backend
 from store.base import Connector, StoreError, StoreUnavailable
-from store.manager import Admitted, LeaseView, NewEffect, Receipt, Store
+from store.manager import Admitted, LeaseView, NewEffect, Purged, Receipt, Store
 from store.postgres import PostgresConnector
 from store.sqlite import SQLiteConnector
 
@@ -44,6 +44,7 @@ __all__ = [
     "Admitted",
     "LeaseView",
     "NewEffect",
+    "Purged",
     "Receipt",
     "Store",
     "StoreError",

@@ -29,6 +29,7 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
+from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
 from store.rows import effect_record, idempotency_record, lease_record
 
@@ -86,6 +87,18 @@ class LeaseView:
             "blocked": self.blocked,
             "in_doubt": list(self.in_doubt),
         }
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one retention pass deleted."""
+
+    effects: int
+    rejections: int
+
+    def full(self, batch: int) -> bool:
+        """A full batch of either: there may be more to delete right away."""
+        return self.effects >= batch or self.rejections >= batch
 
 
 # Effects admitted before retention ran from settlement did not record their route's.
@@ -328,7 +341,11 @@ class Store:
                 upstream_status,
                 response,
             )
-            assert step is not None and step.transition is not None
+            if step is None:
+                # Only retention deletes effects, and only long-settled ones: this receipt
+                # comes from a proxy that stalled for longer than effects_days.
+                raise StoreError(f"{effect_id} is no longer in the store (retention deleted it)")
+            assert step.transition is not None
             return Receipt(step.transition, step.effect, step.key_holder)
 
         return await self.connector.write(operation)
@@ -343,9 +360,18 @@ class Store:
     async def effects(
         self, resource: str | None = None, state: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
+        # One query per filter, so that each reads one index range (see the SQL files).
+        if resource is not None:
+            query, params = "effects_of_resource", {"resource": resource, "state": state}
+        elif state is None:
+            query, params = "effects", {}
+        elif state in {s.value for s in lifecycle.BLOCKING}:
+            query, params = "in_doubt_effects_in_state", {"state": state}
+        else:
+            query, params = "effects_in_state", {"state": state}
+
         async def operation(tx: Tx) -> list[EffectRecord]:
-            rows = await tx.all("effects", resource=resource, state=state, limit=limit)
-            return [effect_record(row) for row in rows]
+            return [effect_record(row) for row in await tx.all(query, **params, limit=limit)]
 
         return await self.connector.read(operation)
 
@@ -511,10 +537,13 @@ class Store:
         return await self.connector.write(operation)
 
     async def counts(self) -> tuple[dict[str, int], int, float]:
-        """Effects by state, blocked resources, and the age of the oldest in-doubt effect."""
+        """Effects in doubt by state (DISPATCHING, UNKNOWN, CONFLICTING: never the settled
+        history, which would mean reading all of it), blocked resources, and the age of
+        the oldest in-doubt effect."""
 
         async def operation(tx: Tx) -> tuple[dict[str, int], int, float]:
-            by_state = {r["state"]: int(r["n"]) for r in await tx.all("count_effects_by_state")}
+            rows = await tx.all("count_in_doubt_effects_by_state")
+            by_state = {r["state"]: int(r["n"]) for r in rows}
             blocked = await tx.one("blocked_resources")
             oldest = await tx.one("oldest_in_doubt")
             started = oldest["oldest"] if oldest else None
@@ -536,7 +565,10 @@ class Store:
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
         async def operation(tx: Tx) -> list[Rejection]:
-            rows = await tx.all("rejections", resource=resource, limit=limit)
+            if resource is None:
+                rows = await tx.all("rejections", limit=limit)
+            else:
+                rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
             return [Rejection(**row) for row in rows]
 
         return await self.connector.read(operation)
@@ -549,6 +581,40 @@ class Store:
             if not (lock and lock["acquired"]):
                 return 0  # another replica is collecting right now
             return await tx.execute("expired_idempotency_records", now=tx.now)
+
+        return await self.connector.write(operation)
+
+    async def apply_retention(self, retention: Retention) -> Purged:
+        """One bounded pass of retention, in one transaction: at most `batch` settled
+        effects that settled more than `effects_s` ago (with their history and expired
+        idempotency records; never one in doubt or conflicting, never one a retained key
+        points to), and at most `batch` rejections older than `rejections_s`. 0 keeps
+        forever. One replica at a time; the others' passes delete nothing."""
+
+        async def operation(tx: Tx) -> Purged:
+            lock = await tx.one("retention_lock")
+            if not (lock and lock["acquired"]):
+                return Purged(0, 0)
+            effects = rejections = 0
+            if retention.effects_s > 0:
+                picked = await tx.all(
+                    "expired_effects",
+                    horizon=tx.now - retention.effects_s,
+                    now=tx.now,
+                    limit=retention.batch,
+                )
+                if picked:
+                    ids = json.dumps([row["id"] for row in picked])
+                    await tx.execute("delete_events_of_effects", ids=ids)
+                    await tx.execute("delete_keys_of_effects", ids=ids, now=tx.now)
+                    effects = await tx.execute("delete_effects", ids=ids)
+            if retention.rejections_s > 0:
+                rejections = await tx.execute(
+                    "delete_expired_rejections",
+                    horizon=tx.now - retention.rejections_s,
+                    limit=retention.batch,
+                )
+            return Purged(effects, rejections)
 
         return await self.connector.write(operation)
 

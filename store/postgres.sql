@@ -121,9 +121,26 @@ SELECT * FROM effects WHERE id = :id FOR UPDATE
 SELECT * FROM effects WHERE id = :id FOR UPDATE SKIP LOCKED
 
 -- effects --
+-- The listings, newest first: each filter has its own query, so each reads one index
+-- range (an `:x IS NULL OR` filter would make the planner walk everything).
+SELECT * FROM effects ORDER BY created_at DESC LIMIT :limit
+
+-- effects_of_resource --
+-- The resource's history (bounded by retention), optionally in one state.
 SELECT * FROM effects
-WHERE (:resource::text IS NULL OR resource = :resource::text)
-  AND (:state::text IS NULL OR state = :state::text)
+WHERE resource = :resource AND (:state::text IS NULL OR state = :state::text)
+ORDER BY created_at DESC LIMIT :limit
+
+-- effects_in_state --
+-- A settled state, from the partial index effects_settled.
+SELECT * FROM effects
+WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT') AND state = :state
+ORDER BY created_at DESC LIMIT :limit
+
+-- in_doubt_effects_in_state --
+-- A state in doubt: the partial index effects_open holds only those.
+SELECT * FROM effects
+WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- insert_rejection --
@@ -132,7 +149,11 @@ VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerp
 
 -- rejections --
 SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
-WHERE (:resource::text IS NULL OR resource = :resource::text)
+ORDER BY id DESC LIMIT :limit
+
+-- rejections_of_resource --
+SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
+WHERE resource = :resource
 ORDER BY id DESC LIMIT :limit
 
 -- gc_lock --
@@ -144,6 +165,50 @@ DELETE FROM idempotency
 WHERE expires_at IS NOT NULL AND expires_at <= :now
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
                   AND e.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))
+
+-- retention_lock --
+-- One replica at a time applies retention; the others skip this pass.
+SELECT pg_try_advisory_xact_lock(7431002) AS acquired
+
+-- expired_effects --
+-- Settled effects that settled before the horizon and that no idempotency record still
+-- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- created before the horizon (which holds every effect settled before it): a pass never
+-- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
+-- matter, and without it no plan has to sort every candidate before the LIMIT.
+-- Locked until the pass commits (SKIP LOCKED: never waits on one being settled);
+-- a row that changed state meanwhile is re-checked and left out.
+SELECT id FROM effects
+WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
+  AND created_at < :horizon AND finished_at < :horizon
+  AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
+                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+LIMIT :limit
+FOR UPDATE OF effects SKIP LOCKED
+
+-- delete_events_of_effects --
+-- :ids is a JSON array of effect ids (one parameter on both backends), unpacked once
+-- into an array so that the lookup is an index search, whatever the planner estimates.
+DELETE FROM effect_events
+WHERE effect_id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+
+-- delete_keys_of_effects --
+DELETE FROM idempotency
+WHERE effect_id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+  AND expires_at IS NOT NULL AND expires_at <= :now
+
+-- delete_effects --
+-- Whatever was picked, an effect in doubt is never deleted. (Spelled so that the planner
+-- does not also read effects_settled for it: the ids are the whole search.)
+DELETE FROM effects
+WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
+  AND state NOT IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+
+-- delete_expired_rejections --
+-- The ids as one array, so that they are looked up (an IN subquery may be hash-joined
+-- against the whole table).
+DELETE FROM rejections
+WHERE id = ANY (ARRAY(SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit))
 
 -- ping --
 SELECT 1 AS ok
@@ -187,12 +252,17 @@ UPDATE effects SET probe_attempts = probe_attempts + :counted, next_probe_at = :
                    probe_claimed_by = NULL, probe_claimed_until = NULL
 WHERE id = :id AND state = 'UNKNOWN'
 
--- count_effects_by_state --
-SELECT state, count(*) AS n FROM effects GROUP BY state
+-- count_in_doubt_effects_by_state --
+-- Only the states in doubt, from the partial index effects_open: a scrape never
+-- counts the settled history (the settled are counted as they settle, in memory).
+SELECT state, count(*) AS n FROM effects
+WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') GROUP BY state
 
 -- blocked_resources --
 -- Resources waiting for reconciliation (a request merely in flight is not counted).
-SELECT count(DISTINCT resource) AS n FROM effects WHERE state IN ('UNKNOWN', 'CONFLICTING')
+-- Spelled so that it matches the partial index effects_open's predicate.
+SELECT count(DISTINCT resource) AS n FROM effects
+WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state <> 'DISPATCHING'
 
 -- oldest_in_doubt --
 SELECT min(created_at) AS oldest FROM effects

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from policies import ConfigError, Outcome, Policy, Problem, load_policy, parse_policy
+from policies import (
+    ConfigError,
+    Outcome,
+    Policy,
+    Problem,
+    Retention,
+    load_policy,
+    parse_policy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "example.yaml"
@@ -998,3 +1006,114 @@ def test_regression_nan_timeout_is_refused(old: str, new: str, line: int, key: s
     # make `remaining < timeout` always false, so lease_too_short could never refuse a write.
     problems = problems_of(edit(old, new))
     assert [(p.line, p.key) for p in problems] == [(line, key)]
+
+
+# --- retention of the audit trail ---------------------------------------------------------
+
+DAY = 86400.0
+
+
+def test_retention_defaults_to_30_days_of_effects_and_7_of_rejections() -> None:
+    assert parse_policy(VALID).retention == Retention(30 * DAY, 7 * DAY, 1000)
+
+
+def test_example_config_keeps_the_documented_retention(example: Policy) -> None:
+    assert example.retention == Retention(30 * DAY, 7 * DAY, 1000)
+
+
+def test_retention_block_in_days_fractions_allowed() -> None:
+    text = with_text("retention: {effects_days: 90, rejections_days: 0.5, batch: 250}")
+    assert parse_policy(text).retention == Retention(90 * DAY, 0.5 * DAY, 250)
+
+
+def test_retention_keys_left_out_take_their_defaults() -> None:
+    text = with_text("retention: {rejections_days: 1}")
+    assert parse_policy(text).retention == Retention(30 * DAY, 1 * DAY, 1000)
+
+
+def test_retention_zero_keeps_forever() -> None:
+    text = with_text("retention: {effects_days: 0, rejections_days: 0}")
+    assert parse_policy(text).retention == Retention(0, 0, 1000)
+
+
+def test_default_effect_retention_stretches_to_the_longest_key_retention() -> None:
+    # A receipt is what a retained key replays from: it is kept at least as long.
+    text = with_route_keys("idempotency: {required: true, retain_s: 3456000}")  # 40 days
+    assert parse_policy(text).retention.effects_s == 40 * DAY
+
+
+def test_effect_retention_shorter_than_a_key_retention_is_refused() -> None:
+    text = with_route_keys("idempotency: {required: true, retain_s: 172800}") + (
+        "retention: {effects_days: 1}\n"
+    )
+    assert_single_problem(
+        text,
+        14,
+        "retention.effects_days",
+        "1 days is shorter than idempotency.retain_s of route 'place-order' (172800 s = 2 days)",
+    )
+
+
+def test_a_key_retention_does_not_matter_when_effects_are_kept_forever() -> None:
+    text = with_route_keys("idempotency: {required: true, retain_s: 172800}") + (
+        "retention: {effects_days: 0}\n"
+    )
+    assert parse_policy(text).retention.effects_s == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "message"),
+    [
+        ("{effects_days: -1}", "retention.effects_days", "must be at least 0, got -1"),
+        ("{rejections_days: -0.5}", "retention.rejections_days", "must be at least 0, got -0.5"),
+        ("{effects_days: .nan}", "retention.effects_days", "expected a finite number, got nan"),
+        ("{rejections_days: .inf}", "retention.rejections_days", "expected a finite number"),
+        ("{effects_days: -.inf}", "retention.effects_days", "expected a finite number"),
+        ("{effects_days: thirty}", "retention.effects_days", "expected a number, got 'thirty'"),
+        ("{effects_days: true}", "retention.effects_days", "expected a number, got True"),
+        ("{effects_days: [30]}", "retention.effects_days", "expected a number, got a list"),
+        ("{batch: 0}", "retention.batch", "must be at least 1, got 0"),
+        ("{batch: -5}", "retention.batch", "must be at least 1, got -5"),
+        ("{batch: 1.5}", "retention.batch", "expected an integer, got 1.5"),
+        ("{batch: 20000}", "retention.batch", "must be at most 10000 (one pass is one"),
+        ("{keep_days: 3}", "retention.keep_days", "unknown key (allowed: batch, effects_days,"),
+        ("[30, 7]", "retention", "expected a mapping, got a list"),
+        ("30", "retention", "expected a mapping, got 30"),
+    ],
+    ids=[
+        "negative-effects",
+        "negative-rejections",
+        "nan",
+        "inf",
+        "minus-inf",
+        "string",
+        "bool",
+        "list-value",
+        "batch-zero",
+        "batch-negative",
+        "batch-fraction",
+        "batch-too-large",
+        "unknown-key",
+        "list",
+        "scalar",
+    ],
+)
+def test_bad_retention_is_refused_with_line_and_key(value: str, key: str, message: str) -> None:
+    assert_single_problem(with_text(f"retention: {value}"), 13, key, message)
+
+
+def test_every_retention_problem_is_reported_at_once() -> None:
+    text = with_text(
+        "retention:",
+        "  effects_days: -3",
+        "  rejections_days: .nan",
+        "  batch: 0",
+        "  batch_size: 10",
+    )
+    problems = problems_of(text)
+    assert [(p.line, p.key) for p in problems] == [
+        (14, "retention.effects_days"),
+        (15, "retention.rejections_days"),
+        (16, "retention.batch"),
+        (17, "retention.batch_size"),
+    ]

@@ -117,3 +117,158 @@ async def rows(store_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[t
         return [tuple(record) for record in await pg_conn.fetch(_positional(sql), *params)]
     finally:
         await pg_conn.close()
+
+
+# -- seeding many records at once (retention and index tests) -------------------------
+
+_SEED_EFFECTS = {
+    "sqlite": """
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :count)
+        INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                             method, path, state, instance_id, created_at, deadline,
+                             finished_at, upstream_status, reason, retain_s)
+        SELECT :prefix || printf('%08d', i), 'place-order', :resource || (i % 1000), 'seed',
+               1, :prefix || printf('%08d', i), 'fp-seed', 'POST', '/orders/seed', :state,
+               'seed', :finished_at - 1, :finished_at + 4, :finished_at, 201, 'seeded', 60
+        FROM n
+    """,
+    "postgresql": """
+        INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                             method, path, state, instance_id, created_at, deadline,
+                             finished_at, upstream_status, reason, retain_s)
+        SELECT $1::text || lpad(i::text, 8, '0'), 'place-order', $2::text || (i % 1000),
+               'seed', 1, $1::text || lpad(i::text, 8, '0'), 'fp-seed', 'POST',
+               '/orders/seed', $3::text, 'seed', $4::float8 - 1, $4::float8 + 4, $4::float8,
+               201, 'seeded', 60
+        FROM generate_series(0, $5 - 1) AS i
+    """,
+}
+# Every `every`-th seeded effect gets one event, and one idempotency record.
+_SEED_EVENTS = {
+    "sqlite": """
+        INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion,
+                                   detail)
+        SELECT id, finished_at, 'probe', 'seed', 200, 'committed', 'seeded' FROM effects
+        WHERE id LIKE :prefix || '%'
+          AND CAST(substr(id, length(:prefix) + 1) AS INTEGER) % :every = 0
+    """,
+    "postgresql": """
+        INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion,
+                                   detail)
+        SELECT id, finished_at, 'probe', 'seed', 200, 'committed', 'seeded' FROM effects
+        WHERE id LIKE $1::text || '%' AND substr(id, length($1::text) + 1)::int % $2 = 0
+    """,
+}
+_SEED_KEYS = {
+    "sqlite": """
+        INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,
+                                 response_status, response_headers, response_body)
+        SELECT resource, id, fingerprint, id, 1, :expires_at, 201, '[]', X'7B7D' FROM effects
+        WHERE id LIKE :prefix || '%'
+          AND CAST(substr(id, length(:prefix) + 1) AS INTEGER) % :every = 0
+    """,
+    "postgresql": """
+        INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,
+                                 response_status, response_headers, response_body)
+        SELECT resource, id, fingerprint, id, 1, $3::float8, 201, '[]', '\\x7b7d'::bytea
+        FROM effects
+        WHERE id LIKE $1::text || '%' AND substr(id, length($1::text) + 1)::int % $2 = 0
+    """,
+}
+_SEED_REJECTIONS = {
+    "sqlite": """
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :count)
+        INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch,
+                                fingerprint)
+        SELECT :at, 'stale_epoch', 'POST', '/orders/seed', 'place-order',
+               :resource || (i % 1000), 'seed', 1, 'fp-seed'
+        FROM n
+    """,
+    "postgresql": """
+        INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch,
+                                fingerprint)
+        SELECT $1::float8, 'stale_epoch', 'POST', '/orders/seed', 'place-order',
+               $2::text || (i % 1000), 'seed', 1, 'fp-seed'
+        FROM generate_series(0, $3 - 1) AS i
+    """,
+}
+
+
+async def _seed(store_url: str, statements: list[tuple[str, dict[str, Any], list[Any]]]) -> None:
+    """Run (SQLite named parameters, PostgreSQL positional ones) statements in one
+    transaction, on a connection of their own."""
+    if backend_of(store_url) == "sqlite":
+        path, _ = parse_sqlite_url(store_url)
+        with contextlib.closing(sqlite3.connect(path)) as sqlite_conn, sqlite_conn:
+            sqlite_conn.execute("PRAGMA foreign_keys = ON")
+            for sql, named, _ in statements:
+                sqlite_conn.execute(sql, named)
+        return
+    pg_conn = await _connect(store_url)
+    try:
+        async with pg_conn.transaction():
+            for sql, _, positional in statements:
+                await pg_conn.execute(sql, *positional)
+    finally:
+        await pg_conn.close()
+
+
+async def seed_settled_effects(
+    store_url: str,
+    count: int,
+    *,
+    finished_at: float,
+    prefix: str = "eff_seed_",
+    state: str = "COMMITTED",
+    resource: str = "seed:r",
+    every: int = 10,
+    key_expires_at: float | None = None,
+) -> None:
+    """`count` effects in `state` that finished at `finished_at`, with one INSERT ... SELECT
+    (not through the API): ids `prefix` + 8 digits, spread over 1000 resources. Every
+    `every`-th also has an event and, if `key_expires_at` is given, an idempotency
+    record that expires then."""
+    backend = backend_of(store_url)
+    statements: list[tuple[str, dict[str, Any], list[Any]]] = [
+        (
+            _SEED_EFFECTS[backend],
+            {
+                "count": count,
+                "prefix": prefix,
+                "resource": resource,
+                "state": state,
+                "finished_at": finished_at,
+            },
+            [prefix, resource, state, finished_at, count],
+        ),
+        (_SEED_EVENTS[backend], {"prefix": prefix, "every": every}, [prefix, every]),
+    ]
+    if key_expires_at is not None:
+        statements.append(
+            (
+                _SEED_KEYS[backend],
+                {"prefix": prefix, "every": every, "expires_at": key_expires_at},
+                [prefix, every, key_expires_at],
+            )
+        )
+    await _seed(store_url, statements)
+
+
+async def seed_rejections(
+    store_url: str, count: int, *, at: float, resource: str = "seed:r"
+) -> None:
+    """`count` rejections recorded at `at`, with one INSERT ... SELECT."""
+    backend = backend_of(store_url)
+    named = {"count": count, "at": at, "resource": resource}
+    await _seed(store_url, [(_SEED_REJECTIONS[backend], named, [at, resource, count])])
+
+
+async def count(store_url: str, table: str, where: str = "TRUE") -> int:
+    """Rows of `table` (a name of ours, never input) matching `where`."""
+    found = await rows(store_url, f"SELECT count(*) FROM {table} WHERE {where}")
+    return int(found[0][0])
+
+
+async def execute(store_url: str, sql: str) -> None:
+    """One statement (no parameters, valid on both backends), committed."""
+    await _seed(store_url, [(sql, {}, [])])

@@ -96,13 +96,17 @@ async def test_metrics_report_the_traffic(make_fence: FenceFactory) -> None:
         labels(code="missing_token"): 1,
         labels(code="resource_blocked"): 1,
     }
+    # The gauge reads only the effects in doubt from the store; settled ones are counted
+    # as this process's receipts settle them (the probe's settlement is a probe attempt).
     assert metrics["fenceproxy_effects"] == {
         labels(state="DISPATCHING"): 0,
-        labels(state="COMMITTED"): 2,
-        labels(state="NOT_COMMITTED"): 0,
-        labels(state="NOT_SENT"): 0,
         labels(state="UNKNOWN"): 1,
         labels(state="CONFLICTING"): 0,
+    }
+    assert metrics["fenceproxy_effects_settled_total"] == {
+        labels(state="COMMITTED"): 1,
+        labels(state="NOT_COMMITTED"): 0,
+        labels(state="NOT_SENT"): 0,
     }
     assert metrics["fenceproxy_blocked_resources"] == {labels(): 1}
     assert metrics["fenceproxy_oldest_in_doubt_age_seconds"][labels()] == fence.clock.approx(1.5)
@@ -142,6 +146,36 @@ async def test_no_in_doubt_effect_means_zero_age_and_nothing_blocked(fence: Fenc
     assert metrics["fenceproxy_blocked_resources"] == {labels(): 0}
     assert metrics["fenceproxy_oldest_in_doubt_age_seconds"] == {labels(): 0}
     assert set(metrics["fenceproxy_effects"].values()) == {0}
+    assert set(metrics["fenceproxy_effects_settled_total"].values()) == {0}
+    assert metrics["fenceproxy_retention_deleted_total"] == {
+        labels(record="effects"): 0,
+        labels(record="rejections"): 0,
+    }
+
+
+async def test_settled_effects_are_counted_by_the_receipt_that_settled_them(
+    fence: Fence,
+) -> None:
+    lease = await fence.acquire("supplier:widget", "worker-a", ttl_s=30)
+    assert (await fence.order("widget", lease["token"], "k-1")).status == 201
+    replay = await fence.order("widget", lease["token"], "k-1")
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    rejected = await fence.order("widget", lease["token"], "k-2", headers={"Demo-Status": "409"})
+    assert rejected.status == 409
+
+    metrics = await scrape(fence)
+
+    # A replay settles nothing; nothing settled stays in the store-read gauge.
+    assert metrics["fenceproxy_effects_settled_total"] == {
+        labels(state="COMMITTED"): 1,
+        labels(state="NOT_COMMITTED"): 1,
+        labels(state="NOT_SENT"): 0,
+    }
+    assert set(metrics["fenceproxy_effects"]) == {
+        labels(state="DISPATCHING"),
+        labels(state="UNKNOWN"),
+        labels(state="CONFLICTING"),
+    }
 
 
 async def test_healthz_and_readyz_answer(fence: Fence) -> None:

@@ -1,0 +1,93 @@
+"""Retention of the audit trail: the background collector (policy `retention:`).
+
+Every `INTERVAL_S` it runs passes of `Store.apply_retention`, each one transaction
+deleting at most `batch` settled effects (with their history and expired keys) and
+at most `batch` rejections, and goes on at once while a pass deleted a full batch:
+a backlog is worked off in bounded steps, never in one long transaction. On
+PostgreSQL one replica at a time does it (an advisory lock; the others' passes
+delete nothing); on SQLite the proxy is the only process.
+
+The loop outlives any failure: it logs it, counts an unexpected one in
+`fenceproxy_background_failures_total{loop="retention"}`, and backs off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from policies import Retention
+from store import Purged, Store, StoreUnavailable
+
+log = logging.getLogger("fenceproxy.retention")
+
+INTERVAL_S = 60.0
+# After a failed round: INTERVAL_S x 2, x 4 ... up to x 16.
+MAX_BACKOFF_DOUBLINGS = 4
+
+
+class RetentionCollector:
+    def __init__(
+        self,
+        store: Store,
+        retention: Retention,
+        on_deleted: Callable[[Purged], None] = lambda purged: None,
+        on_failure: Callable[[], None] = lambda: None,
+        interval_s: float = INTERVAL_S,
+    ) -> None:
+        self.store = store
+        self.retention = retention
+        self.on_deleted = on_deleted
+        self.on_failure = on_failure
+        self.interval_s = interval_s
+        # Set to run a round now (tests, or an operator's tooling in-process).
+        self.wake = asyncio.Event()
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention.effects_s > 0 or self.retention.rejections_s > 0
+
+    async def collect(self) -> tuple[Purged, int]:
+        """Passes until one deletes less than a full batch of both kinds; returns what
+        they deleted in all, and how many passes it took."""
+        effects = rejections = passes = 0
+        while True:
+            purged = await self.store.apply_retention(self.retention)
+            passes += 1
+            effects += purged.effects
+            rejections += purged.rejections
+            if purged.effects or purged.rejections:
+                self.on_deleted(purged)
+            if not purged.full(self.retention.batch):
+                return Purged(effects, rejections), passes
+            # Each pass is its own transaction; let the event loop (and, on SQLite, the
+            # admissions queued for the writer) run between them.
+            await asyncio.sleep(0)
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                purged, passes = await self.collect()
+                failures = 0
+                if purged.effects or purged.rejections:
+                    log.info(
+                        "retention: deleted %d effects and %d rejections in %d passes",
+                        purged.effects,
+                        purged.rejections,
+                        passes,
+                    )
+            except StoreUnavailable as exc:
+                failures += 1
+                log.warning("retention paused, store unavailable: %s", exc)
+            except Exception:
+                # Whatever went wrong, the loop must live on: nothing else deletes.
+                failures += 1
+                self.on_failure()
+                log.exception("retention round failed")
+            pause = self.interval_s * 2 ** min(failures, MAX_BACKOFF_DOUBLINGS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), pause)
+            self.wake.clear()
