@@ -23,7 +23,7 @@ Two rules shape the table:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum, StrEnum, auto
 
 from core.records import EffectState
 
@@ -59,26 +59,26 @@ class Event(StrEnum):
 RECEIPTS = frozenset(
     {Event.ANSWERED_COMMITTED, Event.ANSWERED_NOT_COMMITTED, Event.NOT_SENT, Event.LOST}
 )
-OPERATOR_EVENTS = frozenset({Event.OPERATOR_COMMITTED, Event.OPERATOR_NOT_COMMITTED})
 
 
 class Key(Enum):
     """What happens to the operation's idempotency key."""
 
-    KEEP = "keep"
+    KEEP = auto()
     # Nothing took effect: the holder may send the operation again. Only the key's own
     # record is removed; a key another effect holds now is left alone.
-    FREE = "free"
+    FREE = auto()
     # It took effect: the key replays from now on (the response, if one was seen) and is
     # never sent again; its retention starts now.
-    COMMIT = "commit"
+    COMMIT = auto()
     # Contradicting evidence: if the key was freed, take it back, so that nothing can be
     # sent under it until an operator has decided.
-    HOLD = "hold"
+    HOLD = auto()
 
 
 class Record(StrEnum):
-    """How the event is written in the effect's history."""
+    """How the event is written in the effect's history (the value is stored as the
+    event's conclusion, so it is part of the admin API's answers)."""
 
     SETTLED = "settled"  # it moved the effect
     LATE = "late"  # it found the effect past the state it expected; nothing changed
@@ -91,11 +91,11 @@ class Record(StrEnum):
 class Answer(Enum):
     """What the worker whose dispatch this was is told (receipt events only)."""
 
-    RESPONSE = "response"  # the upstream's own response
-    NOT_SENT = "not_sent"  # 502 upstream_unreachable: nothing was sent
-    UNKNOWN = "unknown"  # 504 outcome_unknown: the resource is blocked
-    SETTLED = "settled"  # what reconciliation established before the answer came
-    CONFLICT = "conflict"  # 409 conflicting_evidence: an operator must resolve it
+    RESPONSE = auto()  # the upstream's own response
+    NOT_SENT = auto()  # 502 upstream_unreachable: nothing was sent
+    UNKNOWN = auto()  # 504 outcome_unknown: the resource is blocked
+    SETTLED = auto()  # what reconciliation established before the answer came
+    CONFLICT = auto()  # 409 conflicting_evidence: an operator must resolve it
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,11 @@ def test_nothing_was_sent_is_said_only_for_not_sent() -> None:
             assert event is Event.NOT_SENT, (state, event)
 
 
+def test_the_history_words_are_the_ones_the_admin_api_shows() -> None:
+    # Stored as each event's `conclusion`: operators and their scripts read them.
+    assert [record.value for record in Record] == ["settled", "late", "conflict", "nothing"]
+
+
 def test_resolvable_states() -> None:
     assert {EffectState.DISPATCHING, EffectState.UNKNOWN, EffectState.CONFLICTING} == RESOLVABLE
     assert BLOCKING == RESOLVABLE
