@@ -67,7 +67,9 @@ _PROBLEMS = {
         400,
         "Invalid request",
         "malformed JSON, unknown field, bad resource or holder, ttl out of bounds, duplicated "
-        "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`",
+        "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`, a request target that "
+        "is not a path, a `Connection` header naming `Idempotency-Key`, `Fence-*`, "
+        "`Content-Length` or `Transfer-Encoding`",
     ),
     ErrorCode.MISSING_IDEMPOTENCY_KEY: _Problem(
         400, "Idempotency-Key required", "the route requires one"

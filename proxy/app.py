@@ -193,6 +193,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         raise ProblemError(
             ErrorCode.INVALID_REQUEST, "the request target must be a path (origin-form, /...)"
         )
+    stripped = forwarding.strips_meaningful_header(request.headers)
+    if stripped is not None:
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            f"the Connection header names {stripped}, which cannot be removed in transit",
+        )
     if request.path.startswith("/_fence/"):
         raise ProblemError(
             ErrorCode.NO_ROUTE, f"no control endpoint {request.method} {request.path}"

@@ -70,7 +70,21 @@ def new_client_session() -> aiohttp.ClientSession:
     return session
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
+# Headers whose removal would change what the request means or how it is framed: a
+# Connection header may not make them hop-by-hop (the proxy would act on them and then
+# strip them, e.g. check an Idempotency-Key the upstream never sees).
+MEANINGFUL = frozenset({"idempotency-key", "fence-token", "content-length", "transfer-encoding"})
+
+
+def strips_meaningful_header(headers: CIMultiDictProxy[str]) -> str | None:
+    """The first meaningful header that `Connection` names, if any."""
+    for token in sorted(connection_tokens(headers)):
+        if token in MEANINGFUL or token.startswith("fence-"):
+            return token
+    return None
+
+
+def connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
     """Headers named in Connection are hop-by-hop for this message too."""
     return {
         token.strip().lower()
@@ -81,7 +95,7 @@ def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
 
 
 def upstream_headers(request: web.Request, fence: dict[str, str] | None) -> CIMultiDict[str]:
-    dropped = _NOT_FORWARDED | _connection_tokens(request.headers)
+    dropped = _NOT_FORWARDED | connection_tokens(request.headers)
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value) for name, value in request.headers.items() if name.lower() not in dropped
     )
@@ -102,7 +116,7 @@ def upstream_headers(request: web.Request, fence: dict[str, str] | None) -> CIMu
 
 
 def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    dropped = HOP_BY_HOP | {"content-length"} | _connection_tokens(headers)
+    dropped = HOP_BY_HOP | {"content-length"} | connection_tokens(headers)
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
 
 
