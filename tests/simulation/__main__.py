@@ -14,6 +14,7 @@ import asyncio
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 from tests import pg
 from tests.simulation.invariants import BUG_LETTERS, EXPECTED_TO_FAIL_BEFORE_FIX, Evidence
@@ -46,6 +47,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trace", type=int, default=40, help="trace lines shown on failure")
     parser.add_argument("--echo", action="store_true", help="print every step as it runs")
     parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at once, each in a process of its own"
+    )
+    parser.add_argument(
         "--postgres-url",
         default=os.environ.get(pg.ENV),
         help=f"admin URL for --backend postgres (default: ${pg.ENV})",
@@ -65,26 +69,39 @@ async def amain(args: argparse.Namespace) -> int:
             print(f"--backend postgres needs --postgres-url or {pg.ENV}", file=sys.stderr)
             return 2
         database = await pg.create_database_async(args.postgres_url)
+    configs = [
+        RunConfig(
+            seed=seed,
+            steps=args.steps,
+            backend=args.backend,
+            evidence=mode,
+            allowed=frozenset() if args.strict else EXPECTED_TO_FAIL_BEFORE_FIX,
+            stop_on=args.stop_on,
+            trace_lines=args.trace,
+            echo=args.echo,
+        )
+        for seed in range(args.seed, args.seed + args.seeds)
+        for mode in modes
+    ]
     results: list[RunResult] = []
     started = time.perf_counter()
+
+    def show(result: RunResult) -> None:
+        results.append(result)
+        print(result.summary(), flush=True)
+        if result.fatal is not None:
+            print(result.failure_report(), flush=True)
+
     try:
-        for seed in range(args.seed, args.seed + args.seeds):
-            for mode in modes:
-                config = RunConfig(
-                    seed=seed,
-                    steps=args.steps,
-                    backend=args.backend,
-                    evidence=mode,
-                    allowed=frozenset() if args.strict else EXPECTED_TO_FAIL_BEFORE_FIX,
-                    stop_on=args.stop_on,
-                    trace_lines=args.trace,
-                    echo=args.echo,
-                )
-                result = await run(config, database)
-                results.append(result)
-                print(result.summary(), flush=True)
-                if result.fatal is not None:
-                    print(result.failure_report(), flush=True)
+        if args.jobs > 1:
+            loop = asyncio.get_running_loop()
+            with ProcessPoolExecutor(args.jobs) as pool:
+                futures = [loop.run_in_executor(pool, run_sync, c, database) for c in configs]
+                for future in asyncio.as_completed(futures):
+                    show(await future)
+        else:
+            for config in configs:
+                show(await run(config, database))
     finally:
         if database is not None:
             await pg.drop_database_async(database, args.postgres_url)
@@ -109,6 +126,10 @@ async def amain(args: argparse.Namespace) -> int:
             f"in {runs} run(s), {found[cause]} time(s)"
         )
     return 1 if failed else 0
+
+
+def run_sync(config: RunConfig, database: str | None) -> RunResult:
+    return asyncio.run(run(config, database))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -548,8 +548,8 @@ class Checker:
             if self.kept(key, now, blocked):
                 continue
             cause = self._unkept_cause(key, now)
-            owner = "the store's own records" if not applied else "the upstream's records"
             invariant = "I4" if applied and self.truthful else "I4s"
+            owner = "the upstream's records" if invariant == "I4" else "the store's own records"
             found.append(
                 Violation(
                     invariant,

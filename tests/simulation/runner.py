@@ -3,6 +3,7 @@ seeded steps with the checks after each, drain, check liveness, report."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 import tempfile
@@ -79,6 +80,9 @@ class RunResult:
     consequences: int = 0
     effects: int = 0
     upstream_requests: int = 0
+    # A digest of every step's trace line: equal digests, equal runs (same seed on
+    # both backends, or the same seed twice).
+    trace_digest: str = ""
 
     @property
     def ok(self) -> bool:
@@ -140,6 +144,13 @@ class Run:
         self.config = config
         self.world = world
         self.result = result
+        self.digest = hashlib.sha256()
+
+    def traced(self) -> None:
+        line = self.world.trace[-1]
+        self.digest.update(line.encode() + b"\n")
+        if self.config.echo:
+            print(line)
 
     def handle(self, violations: list[Violation], step: StepInfo, drain: bool) -> bool:
         """Record what the step violated; False if the run must stop."""
@@ -171,8 +182,7 @@ class Run:
         for _ in range(self.config.steps):
             step = await world.run_step(world.choose())
             self.result.steps_run += 1
-            if self.config.echo:
-                print(world.trace[-1])
+            self.traced()
             if not self.handle(await world.checker.after_step(step, world.now), step, False):
                 return False
         return True
@@ -200,8 +210,7 @@ class Run:
                 f"{world.step_number:>7} t={world.tick:<5} {world.step.kind:<12} {world.step.text}"
             )
             self.result.drain_steps += 1
-            if self.config.echo:
-                print(world.trace[-1])
+            self.traced()
             step = world.step
             if not self.handle(await world.checker.after_step(step, world.now), step, True):
                 return
@@ -297,6 +306,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
             await run_.drain()
         result.effects = world.seq
         result.upstream_requests = upstream.requests
+        result.trace_digest = run_.digest.hexdigest()
     finally:
         await tables_.close()
         for replica in replicas.values():
