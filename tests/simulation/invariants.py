@@ -287,15 +287,15 @@ class Checker:
 
     async def after_step(self, step: StepInfo, now: float) -> list[Violation]:
         found = list(step.model_violations)
-        found += await self._epochs()
+        epochs, in_doubt, new_key_rows = await self.tables.snapshot()
+        found += self._epochs(epochs)
 
-        rows = await self._changed_effects(step)
+        rows = await self._changed_effects(step, in_doubt)
         before = {row.id: self.by_id[row.id].state for row in rows if row.id in self.by_id}
         for ev in step.evidence:
             before.setdefault(ev.effect_id, self.by_id[ev.effect_id].state)
         for row in rows:
             self._update(row, step, before, now)
-        new_key_rows = await self.tables.keys()
         self._note_removed_keys(step, new_key_rows, before, now)
         self.key_rows = new_key_rows
 
@@ -311,9 +311,9 @@ class Checker:
         found += await self._check_evidence(step, before)
         return found
 
-    async def _epochs(self) -> list[Violation]:
+    def _epochs(self, epochs: dict[str, int]) -> list[Violation]:
         found = []
-        for resource, epoch in sorted((await self.tables.epochs()).items()):
+        for resource, epoch in sorted(epochs.items()):
             if epoch < self.max_epoch.get(resource, 0):
                 found.append(
                     Violation(
@@ -336,8 +336,7 @@ class Checker:
                 )
         return found
 
-    async def _changed_effects(self, step: StepInfo) -> list[EffectRow]:
-        rows = await self.tables.in_doubt_effects()
+    async def _changed_effects(self, step: StepInfo, rows: list[EffectRow]) -> list[EffectRow]:
         seen = {row.id for row in rows}
         wanted = set(step.touched)
         wanted |= self.doubtful  # in doubt at the last check, perhaps no longer
@@ -356,7 +355,9 @@ class Checker:
         info.settled_by = row.settled_by
         info.probe_attempts = row.probe_attempts
         info.next_probe_at = row.next_probe_at
-        if not tables.in_doubt(row.state) and info.settled_seen is None:
+        if tables.in_doubt(row.state):
+            info.settled_seen = None  # (again) in doubt: retention restarts at settlement
+        elif info.settled_seen is None:
             info.settled_seen = now
         if row.state in tables.FREED_STATES and before.get(row.id) not in tables.FREED_STATES:
             info.freed_cause = self._why_freed(info, step, before)

@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 
 from tests.integration.app import backends
-from tests.simulation import driver
+from tests.simulation import driver, tables
 from tests.simulation.driver import Authority, Backend, Replica
 from tests.simulation.invariants import (
     BUG_LETTERS,
@@ -233,8 +233,8 @@ class Run:
             return "advance", False  # slow probe answers
         if w.pending:
             return "advance", False  # receipts waiting for their deadline to pass
-        if not w.checker.doubtful:
-            return None, False
+        if not any(w.checker.by_id[i].state in tables.IN_DOUBT_STATES for i in w.checker.doubtful):
+            return None, False  # (a state for conflicting evidence waits for an operator)
         return ("sweep", "probe", "advance")[cycle % 3], True
 
     async def drain_action(self, kind: str) -> None:

@@ -12,6 +12,7 @@ per-step query of effects in doubt sees it too.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -108,6 +109,30 @@ class Tables:
         pg_sql = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
         return [tuple(r) for r in await self._pg.fetch(pg_sql, *params)]
 
+    async def snapshot(
+        self,
+    ) -> tuple[dict[str, int], list[EffectRow], dict[tuple[str, str], KeyRow]]:
+        """What every step's checks read: epochs, effects in doubt, idempotency records
+        (on PostgreSQL in one round trip, as one consistent snapshot)."""
+        if self._pg is None:
+            return await self.epochs(), await self.in_doubt_effects(), await self.keys()
+        marks = ", ".join(f"'{state}'" for state in IN_DOUBT_STATES)
+        row = await self._pg.fetchrow(
+            "SELECT"
+            " (SELECT coalesce(json_agg(json_build_array(resource, epoch)), '[]')"
+            "  FROM resources),"
+            f" (SELECT coalesce(json_agg(json_build_array({_EFFECT_COLUMNS})), '[]')"
+            f"  FROM effects WHERE state IN ({marks})),"
+            " (SELECT coalesce(json_agg(json_build_array(i.resource, i.key, i.effect_id,"
+            "   e.state, i.fingerprint, i.expires_at)), '[]')"
+            "  FROM idempotency i JOIN effects e ON e.id = i.effect_id)"
+        )
+        assert row is not None
+        epochs = {str(r): int(e) for r, e in json.loads(row[0])}
+        effects = [_effect(tuple(r)) for r in json.loads(row[1])]
+        keys = [_key(tuple(r)) for r in json.loads(row[2])]
+        return epochs, effects, {(k.resource, k.key): k for k in keys}
+
     async def epochs(self) -> dict[str, int]:
         rows = await self._rows("SELECT resource, epoch FROM resources")
         return {str(r): int(e) for r, e in rows}
@@ -133,12 +158,8 @@ class Tables:
             "SELECT i.resource, i.key, i.effect_id, e.state, i.fingerprint, i.expires_at"
             " FROM idempotency i JOIN effects e ON e.id = i.effect_id"
         )
-        return {
-            (str(r[0]), str(r[1])): KeyRow(
-                str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5])
-            )
-            for r in rows
-        }
+        keys = [_key(r) for r in rows]
+        return {(k.resource, k.key): k for k in keys}
 
     async def lease(self, resource: str, epoch: int) -> LeaseRow | None:
         rows = await self._rows(
@@ -170,6 +191,10 @@ class Tables:
     async def event_count(self, effect_id: str) -> int:
         rows = await self._rows("SELECT count(*) FROM effect_events WHERE effect_id = ?", effect_id)
         return int(rows[0][0])
+
+
+def _key(r: tuple[Any, ...]) -> KeyRow:
+    return KeyRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]))
 
 
 def _effect(row: tuple[Any, ...]) -> EffectRow:

@@ -665,12 +665,19 @@ class World:
             return Lost("connection reset after the request was sent")
         return Lost(f"no answer within {d.route.upstream.timeout_s}s")
 
+    async def events_if_settled(self, effect_id: str) -> int:
+        """The effect's event count, read only where evidence could contradict (the
+        effect is settled); the check for dropped contradictions compares it after."""
+        if tables.in_doubt(self.checker.by_id[effect_id].state):
+            return 0
+        return await self.checker.tables.event_count(effect_id)
+
     async def receive(self, d: Dispatch) -> None:
         """The proxy that dispatched `d` records its receipt (perhaps long after)."""
         replica = self.replicas[d.replica]
         result = self.dispatch_result(d)
         ids = (d.effect_id, *sorted(d.resends))
-        counts = {i: await self.checker.tables.event_count(i) for i in ids}
+        counts = {i: await self.events_if_settled(i) for i in ids}
         was = self.checker.by_id[d.effect_id].state
         receipt = await replica.driver.finish(d.effect_id, d.route, result, d.resends)
         d.recorded = True
@@ -782,7 +789,7 @@ class World:
     async def answer_probe(self, probe: PendingProbe) -> None:
         d = self.dispatches[probe.seq]
         effect_id = probe.claimed.effect_id
-        events = await self.checker.tables.event_count(effect_id)
+        events = await self.events_if_settled(effect_id)
         recorded = await self.replicas[probe.replica].driver.record_probe(
             probe.claimed, d.route, probe.status, probe.asked_at
         )
