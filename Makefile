@@ -32,7 +32,9 @@ bench: $(STAMP)
 # in runs of SIM_STEPS, seeds from SEED on, each seed once with truthful and once with
 # hostile evidence, SIM_JOBS runs at a time; SIM_BACKEND=postgres uses the server of
 # `make test`. Known bugs are reported, anything else fails. `make simulate
-# STEPS=1000000` (SQLite, 2 jobs) takes about 8 minutes on an idle 2-core machine.
+# STEPS=1000000` (SQLite, 2 jobs) took 8 minutes on this project's 2-core machine
+# (busy with other work at the time); SIM_BACKEND=postgres ran 100,000 steps in 2.5
+# minutes there, so about 25 minutes for a million.
 STEPS ?= 100000
 SIM_STEPS ?= 5000
 SEED ?= 1

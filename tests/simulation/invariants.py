@@ -269,8 +269,6 @@ class Checker:
         info = self.keys.get((resource, key))
         if info is None:
             return True
-        if info.name in self.tainted:
-            return False  # a reported key: retrying it would only repeat the report
         until = self.store_needs_until(info)
         return until == -math.inf or now < until - margin
 

@@ -80,6 +80,9 @@ class RunResult:
     consequences: int = 0
     effects: int = 0
     upstream_requests: int = 0
+    # Keys the upstream applied twice or more (routes that do not deduplicate), by
+    # the cause reported for the key first: the damage the bugs did in this run.
+    double_effects: Counter[str] = field(default_factory=Counter)
     # A digest of every step's trace line: equal digests, equal runs (same seed on
     # both backends, or the same seed twice).
     trace_digest: str = ""
@@ -114,6 +117,11 @@ class RunResult:
             )
         if self.consequences:
             lines.append(f"  {self.consequences} later violation(s) on already-reported subjects")
+        if self.double_effects:
+            causes = ", ".join(f"{c}: {n}" for c, n in sorted(self.double_effects.items()))
+            lines.append(
+                f"  double effects upstream: {sum(self.double_effects.values())} ({causes})"
+            )
         if self.fatal is not None:
             lines.append(f"  FAILED: {self.fatal.violation.invariant} {self.fatal.violation.cause}")
         return "\n".join(lines)
@@ -232,7 +240,7 @@ class Run:
         if w.probes:
             return "advance", False  # slow probe answers
         if w.pending:
-            return "advance", False  # receipts waiting for their deadline to pass
+            return "advance", False  # receipts waiting for their deadline or their proxy
         if not any(w.checker.by_id[i].state in tables.IN_DOUBT_STATES for i in w.checker.doubtful):
             return None, False  # (a state for conflicting evidence waits for an operator)
         return ("sweep", "probe", "advance")[cycle % 3], True
@@ -307,6 +315,12 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
         result.effects = world.seq
         result.upstream_requests = upstream.requests
         result.trace_digest = run_.digest.hexdigest()
+        for (resource, key), seqs in sorted(upstream.applied_keys.items()):
+            if len(seqs) > 1 and not world.route_of(resource).upstream_idempotent:
+                # Untracked in a hostile run: the store believed a lie (an untrue 4xx, a
+                # wrong "not committed"); in a truthful run I2 would have failed the run.
+                cause = checker.tainted.get(f"{resource}/{key}", "believed-untrue-evidence")
+                result.double_effects[cause] += 1
     finally:
         await tables_.close()
         for replica in replicas.values():

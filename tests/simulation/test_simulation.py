@@ -83,19 +83,23 @@ async def test_both_backends_take_the_same_steps(pg_module_url: str) -> None:
 # Where each known bug shows today: (seed, steps, evidence). Each run stops at the
 # first violation with that cause, or passes once the bug is fixed.
 KNOWN_BUGS: dict[str, tuple[int, int, Evidence]] = {
-    # (a) an untrue late 409 after the operator resolved it COMMITTED frees the key
-    # (with truthful evidence: seed 29, 2124 steps, a resend's late NOT_SENT).
-    BUG_A: (26, 10, HOSTILE),
-    # (b) a 404 asked inside settle_s, believed when it arrived after it.
-    BUG_B: (34, 378, TRUTHFUL),
-    # (c) the key expires retain_s after admission while its effect is in doubt.
-    BUG_C: (2, 14, TRUTHFUL),
+    # (a) an untrue late 409 after a probe settled the effect COMMITTED frees its key.
+    # With truthful evidence: seed 10, 3171 steps (a resend's late NOT_SENT after the
+    # probe found the operation committed).
+    BUG_A: (31, 259, HOSTILE),
+    # (b) a 404 asked inside settle_s, believed when it arrived after it: the key is
+    # freed though the write landed.
+    BUG_B: (14, 233, TRUTHFUL),
+    # (c) the key expires retain_s after admission while its effect is still in doubt
+    # (the proxy paused before recording the receipt). After an operator's COMMITTED
+    # resolve: seed 1, step 923.
+    BUG_C: (47, 10, TRUTHFUL),
     # (d) a resend's NOT_SENT frees the key of an operation a probe then finds committed.
-    BUG_D: (33, 140, TRUTHFUL),
+    BUG_D: (35, 232, TRUTHFUL),
     # (e) attempts: 1 spent by a probe inside the settle window.
-    BUG_E: (5, 55, TRUTHFUL),
-    # a late receipt that contradicts the operator's NOT_COMMITTED leaves no trace.
-    CONTRADICTION_DROPPED: (28, 37, HOSTILE),
+    BUG_E: (37, 248, TRUTHFUL),
+    # a probe that contradicts the operator's (wrong) NOT_COMMITTED leaves no trace.
+    CONTRADICTION_DROPPED: (3, 44, HOSTILE),
 }
 
 
@@ -123,4 +127,7 @@ async def test_known_bug_no_longer_shows(cause: str) -> None:
         allowed=EXPECTED_TO_FAIL_BEFORE_FIX - {cause},
         stop_on=cause,
     )
-    assert_ok(await run(config))
+    result = await run(config)
+    if result.fatal is not None and result.fatal.violation.cause != cause:
+        pytest.fail(f"another cause than {cause}:\n{result.failure_report()}")
+    assert_ok(result)

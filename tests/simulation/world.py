@@ -208,6 +208,9 @@ class Dispatch:
     landed: bool = False
     answer_at: float | None = None  # simulated time the answer reached the proxy
     orphaned: bool = False  # its replica restarted: no receipt will ever be recorded
+    # The proxy is slow to record this receipt (a pause in the middle of the request):
+    # not before this tick.
+    record_not_before: int = 0
     recorded: bool = False
 
     @property
@@ -573,18 +576,21 @@ class World:
             status,
             land_by_tick=self.tick + int(route.reconcile.settle_s // TICK_S),
         )
+        if self.rng.random() < 0.15:
+            d.record_not_before = self.tick + self.rng.randint(1, 3)
         self.dispatches[seq] = d
         self.pending.append(seq)
         resent = ""
         if result.resends:
             names = ", ".join(self.checker.by_id[i].name for i in sorted(result.resends))
             resent = f" resending {names}"
-        self.note(f"{label}: E{seq} admitted{resent}; upstream {fate.value}, {mode.value}")
+        slow = f"; its proxy pauses until t={d.record_not_before}" if d.record_not_before else ""
+        self.note(f"{label}: E{seq} admitted{resent}; upstream {fate.value}, {mode.value}{slow}")
         if fate is not Fate.REFUSED and self.rng.random() < 0.6:
             self.land(d)
             if self.rng.random() < 0.5 and self.receivable(d):
                 await self.receive(d)
-        elif fate is Fate.REFUSED and self.rng.random() < 0.5:
+        elif fate is Fate.REFUSED and self.rng.random() < 0.5 and self.receivable(d):
             await self.receive(d)
 
     def mark_acked(self, resource: str, key: str | None) -> None:
@@ -627,7 +633,7 @@ class World:
         ]
 
     def receivable(self, d: Dispatch) -> bool:
-        if d.recorded or d.orphaned:
+        if d.recorded or d.orphaned or d.record_not_before > self.tick:
             return False
         if d.fate is Fate.REFUSED:
             return True
