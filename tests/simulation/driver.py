@@ -1,11 +1,8 @@
 """The simulation's one door into the store: every `store.Store` call is made here.
 
-The Store API is changing (finish_effect will return what the effect ended in and
-what the worker is told; record_probe will take the time the probe was asked; a
-new effect state for conflicting evidence; idempotency retention from
-settlement). The rest of the simulation sees only the small result types below,
-so adapting to the new API means editing this file (and, for a new state, the
-state lists in tables.py) and nothing else.
+The rest of the simulation sees only the small result types below, so a change of
+the Store API means editing this file and nothing else (it was written against the
+API before core/lifecycle.py, and adapted to it here).
 
 What is called, and what each call stands for:
 
@@ -15,14 +12,15 @@ What is called, and what each call stands for:
 |                        | renew(token_hash, ttl_s)                              |
 | release, revoke        | release(token_hash), revoke(resource, reason)         |
 | admit                  | admit(token_hash, NewEffect)                          |
-| receipt (on time/late) | finish_effect(id, state, status, reason, response,    |
+| receipt (on time/late) | finish_effect(id, event, status, reason, response,    |
 |                        | resends)                                              |
 | sweep                  | recover(None, margin_s)                               |
 | restart                | close(); a new Store, same instance id; open();       |
 |                        | recover(instance_id, margin_s)                        |
 | probe (claim)          | claim_due_probes(limit, claim_s)                      |
-| probe (answer)         | effect(id); now(); judge_probe and next_probe_at as   |
-|                        | reconcile/prober.py does; record_probe(...)           |
+| probe (answer)         | effect(id); now(); judge_probe (at the time asked)    |
+|                        | and next_probe_at as reconcile/prober.py does;        |
+|                        | record_probe(id, event, status, detail, next, counted)|
 | operator resolve       | resolve(id, outcome, reason, operator)                |
 | garbage collection     | collect_garbage()                                     |
 
@@ -42,7 +40,8 @@ from typing import Literal
 import asyncpg
 
 from core.fencing import Replay
-from core.outcomes import Answered, DispatchResult, settle_dispatch
+from core.lifecycle import Answer, Event
+from core.outcomes import Answered, DispatchResult, receipt_event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from policies import Route
@@ -95,8 +94,9 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Receipt:
-    """What the app does with a dispatch's result: the state it records, and what the
-    worker is told ("committed", "not_committed", "not_sent" or "unknown")."""
+    """What the app does with a dispatch's result: the state its receipt claims, and
+    what the worker is told ("committed", "not_committed", "not_sent", "unknown" or
+    "conflict")."""
 
     state: str
     reason: str
@@ -135,12 +135,24 @@ _SETTLES = {
     Conclusion.COMMITTED: EffectState.COMMITTED,
     Conclusion.NOT_COMMITTED: EffectState.NOT_COMMITTED,
 }
-_TOLD = {
-    EffectState.COMMITTED: "committed",
-    EffectState.NOT_COMMITTED: "not_committed",
-    EffectState.NOT_SENT: "not_sent",
-    EffectState.UNKNOWN: "unknown",
+# What each receipt event claims, as the state the app used to compute from it.
+_CLAIMED = {
+    Event.ANSWERED_COMMITTED: EffectState.COMMITTED,
+    Event.ANSWERED_NOT_COMMITTED: EffectState.NOT_COMMITTED,
+    Event.NOT_SENT: EffectState.NOT_SENT,
+    Event.LOST: EffectState.UNKNOWN,
 }
+
+
+def _told(answer: Answer | None, event: Event, settled: EffectState) -> str:
+    """What proxy/fenced.py tells the worker for this answer of the lifecycle table."""
+    if answer is Answer.RESPONSE:
+        return "committed" if event is Event.ANSWERED_COMMITTED else "not_committed"
+    if answer is Answer.SETTLED:
+        return "committed" if settled is EffectState.COMMITTED else "not_committed"
+    if answer is Answer.NOT_SENT:
+        return "not_sent"
+    return "unknown" if answer is Answer.UNKNOWN else "conflict"
 
 
 # -- the authority: one database, its clock ----------------------------------------
@@ -294,17 +306,18 @@ class Replica:
         result: DispatchResult,
         resends: tuple[str, ...],
     ) -> Receipt:
-        """The receipt, as proxy/app.py `_dispatch_admitted` computes and records it."""
+        """The receipt, as proxy/fenced.py `_dispatch_admitted` computes and records it."""
         self.authority.check_drift()
-        state, reason = settle_dispatch(result, route.outcomes)
+        event, reason = receipt_event(result, route.outcomes)
         stored = None
         upstream_status = result.status if isinstance(result, Answered) else None
-        if state is EffectState.COMMITTED and upstream_status is not None:
+        if event is Event.ANSWERED_COMMITTED and upstream_status is not None:
             stored = StoredResponse(upstream_status, (("Content-Type", "application/json"),), b"{}")
-        # Today finish_effect returns nothing and the worker is told what the dispatch
-        # showed; once it returns a result, `told` comes from that result.
-        await self.store.finish_effect(effect_id, state, upstream_status, reason, stored, resends)
-        return Receipt(state.value, reason, _TOLD[state])
+        receipt = await self.store.finish_effect(
+            effect_id, event, upstream_status, reason, stored, resends
+        )
+        told = _told(receipt.transition.answer, event, receipt.effect.state)
+        return Receipt(_CLAIMED[event].value, reason, told)
 
     async def sweep(self, margin_s: float) -> list[str]:
         self.authority.check_drift()
@@ -319,24 +332,24 @@ class Replica:
         self, claimed: Claimed, route: Route, status: int | None, asked_at: float
     ) -> ProbeRecorded:
         """What reconcile/prober.py `probe_effect` does once the upstream answered
-        `status` to a probe asked at `asked_at` (today's prober ignores when it asked)."""
+        `status` to a probe asked at `asked_at`: judged at the time it was asked."""
         self.authority.check_drift()
         assert route.reconcile is not None
         effect = claimed.record
         now = await self.store.now()
-        verdict = judge_probe(status, None, route.reconcile, effect.created_at, now)
+        verdict = judge_probe(status, None, route.reconcile, effect.created_at, asked_at)
         settles = _SETTLES.get(verdict.conclusion)
         retry_at = None
+        counted = not verdict.early
         if settles is None:
-            retry_at = next_probe_at(
-                effect.probe_attempts + 1, route.reconcile, effect.created_at, now
-            )
-        # Today record_probe records nothing for an effect that is no longer UNKNOWN and
-        # does not say so; the simulation is the only client, so a read just before tells.
+            attempts = effect.probe_attempts + (1 if counted else 0)
+            retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, now)
+        # record_probe counts an attempt only on an effect still UNKNOWN; a read just
+        # before tells the checks whether it was.
         current = await self.store.effect(effect.id)
         attempt_recorded = current is not None and current.state is EffectState.UNKNOWN
         recorded = await self.store.record_probe(
-            effect.id, status, verdict.conclusion.value, verdict.detail, retry_at, settles
+            effect.id, verdict.event, status, verdict.detail, retry_at, counted=counted
         )
         return ProbeRecorded(
             verdict.conclusion.value,

@@ -241,8 +241,9 @@ class Run:
             return "advance", False  # slow probe answers
         if w.pending:
             return "advance", False  # receipts waiting for their deadline or their proxy
-        if not any(w.checker.by_id[i].state in tables.IN_DOUBT_STATES for i in w.checker.doubtful):
-            return None, False  # (a state for conflicting evidence waits for an operator)
+        waiting = (tables.DISPATCHING, tables.UNKNOWN)  # CONFLICTING waits for an operator
+        if not any(w.checker.by_id[i].state in waiting for i in w.checker.doubtful):
+            return None, False
         return ("sweep", "probe", "advance")[cycle % 3], True
 
     async def drain_action(self, kind: str) -> None:

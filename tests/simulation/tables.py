@@ -4,10 +4,8 @@ The checks judge what the store *holds*, on a connection of their own (as anothe
 process would see it), not what its API answers. Queries are written once with
 ``?`` placeholders and run on both backends.
 
-The effect states the checks know. A state not listed here (the coming state for
-conflicting evidence, for one) is treated as in doubt: it blocks its resource and
-keeps its idempotency key. Add it to BLOCKING_STATES once it exists so that the
-per-step query of effects in doubt sees it too.
+The effect states the checks know. A state not listed here is treated as in doubt:
+it blocks its resource and keeps its idempotency key.
 """
 
 from __future__ import annotations
@@ -27,12 +25,13 @@ NOT_COMMITTED = "NOT_COMMITTED"
 NOT_SENT = "NOT_SENT"
 DISPATCHING = "DISPATCHING"
 UNKNOWN = "UNKNOWN"
+CONFLICTING = "CONFLICTING"
 FREED_STATES = frozenset({NOT_COMMITTED, NOT_SENT})  # final, "nothing took effect"
 SETTLED_STATES = frozenset({COMMITTED, NOT_COMMITTED, NOT_SENT})
 # States that block a resource's admissions (DISPATCHING blocks takeover only).
-BLOCKING_STATES: tuple[str, ...] = (UNKNOWN,)
+BLOCKING_STATES: tuple[str, ...] = (UNKNOWN, CONFLICTING)
 # States read every step (everything not settled).
-IN_DOUBT_STATES: tuple[str, ...] = (DISPATCHING, UNKNOWN)
+IN_DOUBT_STATES: tuple[str, ...] = (DISPATCHING, UNKNOWN, CONFLICTING)
 
 _PLACEHOLDER = re.compile(r"\?")
 
@@ -64,7 +63,7 @@ class KeyRow:
     effect_id: str
     effect_state: str
     fingerprint: str
-    expires_at: float
+    expires_at: float | None  # None while its effect is not settled
 
 
 @dataclass(frozen=True)
@@ -194,7 +193,8 @@ class Tables:
 
 
 def _key(r: tuple[Any, ...]) -> KeyRow:
-    return KeyRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]))
+    expires_at = None if r[5] is None else float(r[5])
+    return KeyRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), expires_at)
 
 
 def _effect(row: tuple[Any, ...]) -> EffectRow:

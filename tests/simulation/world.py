@@ -26,7 +26,7 @@ from enum import Enum
 
 from core.outcomes import Answered, DispatchResult, Lost, NotSent
 from core.probing import DEADLINE_MARGIN_S
-from policies import Policy, Route
+from policies import Policy, Route, parse_policy
 from tests.simulation import driver, tables
 from tests.simulation.driver import Authority, Claimed, Replica
 from tests.simulation.invariants import (
@@ -150,7 +150,7 @@ WEIGHTS = {
 
 
 def sim_policy() -> Policy:
-    return Policy.parse(POLICY, "<simulation policy>")
+    return parse_policy(POLICY, "<simulation policy>")
 
 
 class Fate(Enum):
