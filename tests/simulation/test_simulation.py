@@ -1,11 +1,10 @@
 """The simulation in the suite: seeded runs on both backends, every invariant checked
 after every step (tests/simulation/invariants.py).
 
-Today's code has known bugs (invariants.EXPECTED_TO_FAIL_BEFORE_FIX). The runs here
-tolerate exactly those causes and fail on anything else; and for each known bug a
-seed that reproduces it today is a strict xfail below. When a fix lands, remove its
-cause from EXPECTED_TO_FAIL_BEFORE_FIX: its xfail becomes an ordinary test (it must
-then pass), and the runs stop tolerating it.
+The simulation was written against the code before core/lifecycle.py and found the
+five defects of issue 7 there, plus contradictions dropped without a trace; each
+has the seed that found it below, and must now run clean. The runs here tolerate no
+violation at all (invariants.EXPECTED_TO_FAIL_BEFORE_FIX is empty).
 
 A failure prints the seed, the step, a one-line replay command and the trace.
 """
@@ -80,8 +79,8 @@ async def test_both_backends_take_the_same_steps(pg_module_url: str) -> None:
     assert sqlite.trace_digest == postgres.trace_digest
 
 
-# Where each known bug shows today: (seed, steps, evidence). Each run stops at the
-# first violation with that cause, or passes once the bug is fixed.
+# Where each bug showed on the code before the fix: (seed, steps, evidence). Each run
+# stops at the first violation with that cause; it must pass.
 KNOWN_BUGS: dict[str, tuple[int, int, Evidence]] = {
     # (a) an untrue late 409 after a probe settled the effect COMMITTED frees its key.
     # With truthful evidence: seed 10, 3171 steps (a resend's late NOT_SENT after the
@@ -103,21 +102,8 @@ KNOWN_BUGS: dict[str, tuple[int, int, Evidence]] = {
 }
 
 
-def known_bug(cause: str) -> object:
-    return pytest.param(
-        cause,
-        marks=pytest.mark.xfail(
-            cause in EXPECTED_TO_FAIL_BEFORE_FIX,
-            reason=f"known bug of today's code: {cause}",
-            strict=True,
-            raises=AssertionError,
-        ),
-        id=cause,
-    )
-
-
-@pytest.mark.parametrize("cause", [known_bug(cause) for cause in KNOWN_BUGS])
-async def test_known_bug_no_longer_shows(cause: str) -> None:
+@pytest.mark.parametrize("cause", list(KNOWN_BUGS))
+async def test_a_bug_found_before_the_fix_no_longer_shows(cause: str) -> None:
     seed, steps, evidence = KNOWN_BUGS[cause]
     config = RunConfig(
         seed,
