@@ -20,6 +20,7 @@ from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding
 from proxy.problems import ProblemError, problem
 from proxy.requests import (
+    BODY_TIMEOUT,
     check_header_sizes,
     read_body,
 )
@@ -57,6 +58,7 @@ def build_app(
     app = web.Application(middlewares=[problem_middleware])
     runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime
+    app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
         [_store_ctx, _client_ctx, _garbage_collector_ctx, _retention_ctx, _reconciler_ctx]
     )
@@ -164,6 +166,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             route=exc.context.get("route"),
             resource=exc.context.get("resource"),
         )
+        if exc.code is ErrorCode.REQUEST_TIMEOUT:
+            return await _answer_and_close(request, exc.response())
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
@@ -183,6 +187,18 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem(
             ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
         )
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection at once. The rest of the body is not
+    coming: left to itself aiohttp would linger (up to 10 s) reading it before closing,
+    so a slow client would still hold the connection past its timeout."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    # RequestHandler.force_close() is public; the transport flushes the answer first.
+    request.protocol.force_close()
+    return response
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
