@@ -55,7 +55,7 @@ def build_app(
     if store is None:
         pool = (policy.store_pool.min_size, policy.store_pool.max_size)
         store = open_store(policy.store, clock, default_instance_id(policy), pool)
-    app = web.Application(middlewares=[problem_middleware])
+    app = web.Application(middlewares=[capacity_middleware, problem_middleware])
     runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
@@ -151,6 +151,36 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def capacity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """At most `limits.max_requests` proxied requests at once; the next is refused at
+    once with 503 rather than queued behind them. The control API is not counted: an
+    operator must still be able to look at an overloaded proxy."""
+    if request.path.startswith("/_fence/"):
+        return await handler(request)
+    runtime = runtime_of(request)
+    most = runtime.policy.limits.max_requests
+    if runtime.requests_in_flight >= most:
+        # Counted, not recorded in the store: under overload it is the store's
+        # writes that must be spared.
+        runtime.metrics.count_refusal(ErrorCode.OVERLOADED)
+        response = problem(
+            ErrorCode.OVERLOADED,
+            f"{most} requests are being handled; try again shortly",
+            headers={"Retry-After": "1"},
+            limit=most,
+        )
+        # Closed after the answer: a client that opens connections in a loop does
+        # not keep this one too.
+        response.force_close()
+        return response
+    runtime.requests_in_flight += 1
+    try:
+        return await handler(request)
+    finally:
+        runtime.requests_in_flight -= 1
 
 
 @web.middleware

@@ -28,6 +28,8 @@ class Runtime:
     store: Store
     admin_token: str | None
     session: aiohttp.ClientSession | None = None
+    # Proxied requests being handled now, against `policy.limits.max_requests`.
+    requests_in_flight: int = 0
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None

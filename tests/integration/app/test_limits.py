@@ -25,6 +25,7 @@ from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import (
     Fence,
     FenceFactory,
+    assert_problem,
     poll_until,
 )
 
@@ -164,3 +165,26 @@ async def test_a_body_that_arrives_in_time_is_forwarded(make_fence: FenceFactory
     lease = await fence.acquire("supplier:widget")
     response = await fence.order("widget", lease["token"], "in-time-1")
     assert response.status == 201, await response.text()
+
+
+async def test_over_max_requests_the_next_request_is_answered_503_at_once(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(timeout_s=5, limits="{max_requests: 2}")
+    async with slow_reads(fence, 2, 1500) as slow:
+        started = time.monotonic()
+        refused = await fence.client.get("/orders/third")
+        body = await assert_problem(refused, 503, "overloaded")
+        assert time.monotonic() - started < 1.0
+        assert body["limit"] == 2
+        assert refused.headers["Retry-After"] == "1"
+        assert refused.headers["Connection"] == "close"
+        # The control API stays reachable: an operator can see the overload.
+        health = await fence.client.get("/_fence/healthz")
+        assert health.status == 200
+    for task in slow:
+        assert (await task).status == 200
+    # Below the cap again, requests are served.
+    assert (await fence.client.get("/orders/fourth")).status == 200
+    metrics = await (await fence.client.get("/_fence/metrics")).text()
+    assert 'code="overloaded"' in metrics
