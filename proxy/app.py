@@ -81,12 +81,16 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
+    runtime = app[RUNTIME]
     session = forwarding.new_client_session()
-    app[RUNTIME].session = session
+    runtime.session = session
+    pools = forwarding.UpstreamPools(runtime.policy.upstreams.values())
+    runtime.pools = pools
     yield
     # The grace period is over: requests still upstream are cut off here, and their
     # receipts must say so rather than blame the upstream.
-    app[RUNTIME].shutting_down = True
+    runtime.shutting_down = True
+    await pools.close()
     await session.close()
 
 
@@ -262,9 +266,9 @@ async def _pass_through(
 ) -> web.StreamResponse:
     route = match.route
     body = await read_body(request, route.max_body_bytes)
-    assert runtime.session is not None
+    assert runtime.pools is not None
     try:
-        async with runtime.session.request(
+        async with runtime.pools.pass_through(route.upstream).request(
             request.method,
             forwarding.upstream_url(route.upstream, request),
             headers=forwarding.upstream_headers(request, None),

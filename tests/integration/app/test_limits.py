@@ -21,6 +21,7 @@ import pytest
 from aiohttp import ClientResponse, web
 
 from demo.upstream import UNFINISHED
+from proxy.runtime import RUNTIME
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import (
     Fence,
@@ -188,3 +189,38 @@ async def test_over_max_requests_the_next_request_is_answered_503_at_once(
     assert (await fence.client.get("/orders/fourth")).status == 200
     metrics = await (await fence.client.get("/_fence/metrics")).text()
     assert 'code="overloaded"' in metrics
+
+
+async def test_slow_pass_through_reads_do_not_starve_a_fenced_write(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(timeout_s=5, pool="{fenced: 2, pass_through: 2}")
+    lease = await fence.acquire("supplier:widget")
+    async with slow_reads(fence, 2, 3000) as slow:
+        # Pass-through is capped at its pool: a third read finds no connection within
+        # the upstream's connect_timeout_s (aiohttp counts the wait for a pooled
+        # connection in it) and nothing is sent ...
+        queued = await fence.client.get("/orders/queued")
+        await assert_problem(queued, 502, "upstream_unreachable")
+        # ... while a fenced write to the same upstream has a pool of its own.
+        started = time.monotonic()
+        response = await fence.order("widget", lease["token"], "not-starved-1")
+        assert response.status == 201, await response.text()
+        assert time.monotonic() - started < 2.0
+        assert not any(task.done() for task in slow)
+    for task in slow:
+        assert (await task).status == 200
+
+
+async def test_each_upstream_has_a_fenced_and_a_pass_through_pool_of_the_configured_size(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(pool="{fenced: 3, pass_through: 7}")
+    pools = fence.app[RUNTIME].pools
+    assert pools is not None
+    upstream = fence.policy.upstreams["supplier"]
+    fenced = pools.fenced(upstream).connector
+    assert fenced is not None and fenced.limit == 3
+    pass_through = pools.pass_through(upstream).connector
+    assert pass_through is not None and pass_through.limit == 7
+    assert pools.fenced(upstream) is not pools.pass_through(upstream)
