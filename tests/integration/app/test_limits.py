@@ -47,9 +47,10 @@ async def exchange(fence: Fence, head: bytes) -> tuple[bytes, float]:
     back, and after how long. Fails if the proxy keeps the connection open."""
     port = fence.client.port
     assert port is not None
+    # Timed from before connecting: the header timeout runs from the connection's start.
+    started = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        started = time.monotonic()
         writer.write(head)
         await writer.drain()
         try:

@@ -24,8 +24,9 @@ CLOSE_WITHIN_S = 5.0
 def exchange(stack: Stack, head: bytes) -> tuple[bytes, float]:
     """Send `head`, read until the proxy closes the connection: (what came back, after
     how long). Fails if the connection is still open after CLOSE_WITHIN_S."""
+    # Timed from before connecting: the header timeout runs from the connection's start.
+    started = time.monotonic()
     with socket.create_connection(("127.0.0.1", stack.proxy_port), timeout=5) as sock:
-        started = time.monotonic()
         sock.sendall(head)
         deadline = started + CLOSE_WITHIN_S
         received = b""
