@@ -40,6 +40,8 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     STORE_UNAVAILABLE = "store_unavailable"
     OUTCOME_UNKNOWN = "outcome_unknown"
+    REQUEST_TIMEOUT = "request_timeout"
+    OVERLOADED = "overloaded"
 
     @property
     def status(self) -> int:
@@ -130,6 +132,12 @@ _PROBLEMS = {
         "an effect's evidence contradicts its settled state; the resource is blocked until an "
         "operator resolves it (a probe of it is refused)",
     ),
+    ErrorCode.REQUEST_TIMEOUT: _Problem(
+        408,
+        "Request body too slow",
+        "the body did not arrive within `limits.body_timeout_s`; nothing was recorded or "
+        "forwarded, and the connection is closed",
+    ),
     ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
     ErrorCode.HEADERS_TOO_LARGE: _Problem(
         431, "Request headers too large", "one header over 8 KiB or all over 32 KiB"
@@ -153,6 +161,12 @@ _PROBLEMS = {
         "Store unavailable",
         "the store did not answer: before dispatch nothing was decided; after it the receipt "
         "was not recorded and the effect stays in doubt",
+    ),
+    ErrorCode.OVERLOADED: _Problem(
+        503,
+        "Proxy overloaded",
+        "`limits.max_requests` proxied requests are being handled; nothing was recorded or "
+        "forwarded (`Retry-After` set, the connection is closed)",
     ),
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,

@@ -19,9 +19,11 @@ from policies.model import (
     RESOURCE_RE,
     Idempotency,
     LeaseBounds,
+    Limits,
     Listen,
     Outcome,
     Policy,
+    Pool,
     Probe,
     Reconcile,
     Retention,
@@ -61,6 +63,7 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
             "upstreams",
             "routes",
             "retention",
+            "limits",
         },
     )
     if not root.valid:
@@ -77,9 +80,10 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
     upstreams = _parse_upstreams(root, problems)
     routes = _parse_routes(root, problems, upstreams)
     retention = _parse_retention(root, problems, routes)
+    limits = _parse_limits(root, problems)
     if problems:
         raise ConfigError(filename, problems.items)
-    return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool, retention)
+    return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool, retention, limits)
 
 
 def _parse_listen(root: Mapping, problems: Problems) -> Listen:
@@ -185,6 +189,42 @@ def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...
     )
 
 
+def _parse_limits(root: Mapping, problems: Problems) -> Limits:
+    """`limits: {header_timeout_s, body_timeout_s, max_requests}`."""
+    default = Limits()
+    node = root.child("limits")
+    if node is None:
+        return default
+    block = Mapping(node, problems, {"header_timeout_s", "body_timeout_s", "max_requests"})
+    if not block.valid:
+        return default
+    header = block.number("header_timeout_s", default=default.header_timeout_s, minimum=0.001)
+    body = block.number("body_timeout_s", default=default.body_timeout_s, minimum=0.001)
+    most = block.number("max_requests", default=default.max_requests, minimum=1, integer=True)
+    return Limits(
+        float(header) if header is not None else default.header_timeout_s,
+        float(body) if body is not None else default.body_timeout_s,
+        most if isinstance(most, int) else default.max_requests,
+    )
+
+
+def _parse_pool(upstream: Mapping, problems: Problems) -> Pool:
+    """An upstream's `pool: {fenced, pass_through}`: connections per process."""
+    default = Pool()
+    node = upstream.child("pool")
+    if node is None:
+        return default
+    block = Mapping(node, problems, {"fenced", "pass_through"})
+    if not block.valid:
+        return default
+    fenced = block.number("fenced", default=default.fenced, minimum=1, integer=True)
+    passing = block.number("pass_through", default=default.pass_through, minimum=1, integer=True)
+    return Pool(
+        fenced if isinstance(fenced, int) else default.fenced,
+        passing if isinstance(passing, int) else default.pass_through,
+    )
+
+
 def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
     node = root.child("upstreams", required=True)
     upstreams: dict[str, Upstream] = {}
@@ -196,7 +236,7 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
     for name, child in node.items():
         if name in upstreams:
             problems.add(child, "upstream name appears twice")
-        upstream = Mapping(child, problems, {"url", "timeout_s", "connect_timeout_s"})
+        upstream = Mapping(child, problems, {"url", "timeout_s", "connect_timeout_s", "pool"})
         url = upstream.text("url")
         timeout = upstream.number("timeout_s", default=10, minimum=0.001)
         connect = upstream.number("connect_timeout_s", default=2, minimum=0.001)
@@ -209,7 +249,11 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
         ):
             problems.add(child, f"connect_timeout_s ({connect}) exceeds timeout_s ({timeout})")
         upstreams[name] = Upstream(
-            name, (url or "").rstrip("/"), float(timeout or 10), float(connect or 2)
+            name,
+            (url or "").rstrip("/"),
+            float(timeout or 10),
+            float(connect or 2),
+            _parse_pool(upstream, problems),
         )
     if not upstreams:
         problems.add(node, "at least one upstream is needed")

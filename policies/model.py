@@ -60,11 +60,32 @@ class LeaseBounds:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the proxy: seconds to send the request headers
+    (from the connection's start or the previous answer) and then the body, and how
+    many proxied requests are handled at once."""
+
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0
+    max_requests: int = 1024
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Upstream connections per proxy process, one pool for fenced routes and one for
+    pass-through routes, so neither kind of traffic can take the other's."""
+
+    fenced: int = 256
+    pass_through: int = 256
+
+
+@dataclass(frozen=True)
 class Upstream:
     name: str
     url: str
     timeout_s: float
     connect_timeout_s: float
+    pool: Pool = Pool()
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,7 @@ class Policy:
     routes: tuple[Route, ...]
     store_pool: StorePool = StorePool(1, 10)
     retention: Retention = DEFAULT_RETENTION
+    limits: Limits = Limits()
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         for route in self.routes:

@@ -20,6 +20,7 @@ from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding
 from proxy.problems import ProblemError, problem
 from proxy.requests import (
+    BODY_TIMEOUT,
     check_header_sizes,
     read_body,
 )
@@ -54,9 +55,10 @@ def build_app(
     if store is None:
         pool = (policy.store_pool.min_size, policy.store_pool.max_size)
         store = open_store(policy.store, clock, default_instance_id(policy), pool)
-    app = web.Application(middlewares=[problem_middleware])
+    app = web.Application(middlewares=[capacity_middleware, problem_middleware])
     runtime = Runtime(policy, store, admin_token)
     app[RUNTIME] = runtime
+    app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
         [_store_ctx, _client_ctx, _garbage_collector_ctx, _retention_ctx, _reconciler_ctx]
     )
@@ -79,12 +81,16 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
+    runtime = app[RUNTIME]
     session = forwarding.new_client_session()
-    app[RUNTIME].session = session
+    runtime.session = session
+    pools = forwarding.UpstreamPools(runtime.policy.upstreams.values())
+    runtime.pools = pools
     yield
     # The grace period is over: requests still upstream are cut off here, and their
     # receipts must say so rather than blame the upstream.
-    app[RUNTIME].shutting_down = True
+    runtime.shutting_down = True
+    await pools.close()
     await session.close()
 
 
@@ -152,6 +158,36 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
+async def capacity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """At most `limits.max_requests` proxied requests at once; the next is refused at
+    once with 503 rather than queued behind them. The control API is not counted: an
+    operator must still be able to look at an overloaded proxy."""
+    if request.path.startswith("/_fence/"):
+        return await handler(request)
+    runtime = runtime_of(request)
+    most = runtime.policy.limits.max_requests
+    if runtime.requests_in_flight >= most:
+        # Counted, not recorded in the store: under overload it is the store's
+        # writes that must be spared.
+        runtime.metrics.count_refusal(ErrorCode.OVERLOADED)
+        response = problem(
+            ErrorCode.OVERLOADED,
+            f"{most} requests are being handled; try again shortly",
+            headers={"Retry-After": "1"},
+            limit=most,
+        )
+        # Closed after the answer: a client that opens connections in a loop does
+        # not keep this one too.
+        response.force_close()
+        return response
+    runtime.requests_in_flight += 1
+    try:
+        return await handler(request)
+    finally:
+        runtime.requests_in_flight -= 1
+
+
+@web.middleware
 async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every refusal is problem+json; an unexpected error is still one, never a bare 500."""
     try:
@@ -164,6 +200,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             route=exc.context.get("route"),
             resource=exc.context.get("resource"),
         )
+        if exc.code is ErrorCode.REQUEST_TIMEOUT:
+            return await _answer_and_close(request, exc.response())
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
@@ -183,6 +221,18 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem(
             ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
         )
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection at once. The rest of the body is not
+    coming: left to itself aiohttp would linger (up to 10 s) reading it before closing,
+    so a slow client would still hold the connection past its timeout."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    # RequestHandler.force_close() is public; the transport flushes the answer first.
+    request.protocol.force_close()
+    return response
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
@@ -216,9 +266,9 @@ async def _pass_through(
 ) -> web.StreamResponse:
     route = match.route
     body = await read_body(request, route.max_body_bytes)
-    assert runtime.session is not None
+    assert runtime.pools is not None
     try:
-        async with runtime.session.request(
+        async with runtime.pools.pass_through(route.upstream).request(
             request.method,
             forwarding.upstream_url(route.upstream, request),
             headers=forwarding.upstream_headers(request, None),

@@ -35,6 +35,17 @@ T = TypeVar("T")
 PARSER_LIMITS = {"max_line_size": 65536, "max_field_size": 65536, "max_headers": 256}
 
 
+def server_options(policy: Policy) -> dict[str, Any]:
+    """What `serve` gives aiohttp's server (the in-process tests give it the same).
+
+    `keepalive_timeout` is the header timeout: aiohttp arms it when a connection opens
+    and again after each answer, and closes the connection if a request's headers
+    have not all arrived by then (an idle keep-alive connection included). There is
+    no request yet to answer, so the close is silent.
+    """
+    return {**PARSER_LIMITS, "keepalive_timeout": policy.limits.header_timeout_s}
+
+
 class CommandError(Exception):
     """A one-line reason for a non-zero exit."""
 
@@ -224,9 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
         access_log=None,
         shutdown_timeout=args.grace,
-        max_line_size=PARSER_LIMITS["max_line_size"],
-        max_field_size=PARSER_LIMITS["max_field_size"],
-        max_headers=PARSER_LIMITS["max_headers"],
+        **server_options(policy),
     )
     return 0
 

@@ -107,10 +107,10 @@ async def _dispatch_admitted(
         log.exception("could not build the upstream request for %s", effect.id)
         result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
     else:
-        assert runtime.session is not None
+        assert runtime.pools is not None
         started = time.monotonic()
         result, answer = await forwarding.dispatch(
-            runtime.session, route.upstream, request.method, url, headers, body
+            runtime.pools.fenced(route.upstream), route.upstream, request.method, url, headers, body
         )
         runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
     if isinstance(result, Lost) and runtime.shutting_down:

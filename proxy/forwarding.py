@@ -7,6 +7,7 @@ request whose pooled connection turned out closed; a PUT may still have landed).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -55,9 +56,10 @@ REPLAY_BODY_LIMIT = 1_048_576
 UPSTREAM_BODY_LIMIT = 16 * 1_048_576
 
 
-def new_client_session() -> aiohttp.ClientSession:
+def new_client_session(limit: int = 512) -> aiohttp.ClientSession:
+    """A session of at most `limit` upstream connections."""
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=512, enable_cleanup_closed=True),
+        connector=aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=True),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None),
     )
@@ -68,6 +70,27 @@ def new_client_session() -> aiohttp.ClientSession:
     # pins the behaviour, so an aiohttp that drops it fails a test, not a write.
     session._retry_connection = False
     return session
+
+
+class UpstreamPools:
+    """Two sessions per upstream, fenced and pass-through, each with its own connection
+    limit (the upstream's `pool`): with one shared pool, slow pass-through reads that
+    need no token could take every connection and fail fenced writes (issue 8, item 4).
+    Both forward at most once (`new_client_session`)."""
+
+    def __init__(self, upstreams: Iterable[Upstream]) -> None:
+        self._fenced = {u.name: new_client_session(u.pool.fenced) for u in upstreams}
+        self._pass_through = {u.name: new_client_session(u.pool.pass_through) for u in upstreams}
+
+    def fenced(self, upstream: Upstream) -> aiohttp.ClientSession:
+        return self._fenced[upstream.name]
+
+    def pass_through(self, upstream: Upstream) -> aiohttp.ClientSession:
+        return self._pass_through[upstream.name]
+
+    async def close(self) -> None:
+        for session in [*self._fenced.values(), *self._pass_through.values()]:
+            await session.close()
 
 
 # Headers whose removal would change what the request means or how it is framed: a

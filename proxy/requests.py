@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -18,6 +19,9 @@ MAX_HEADER_VALUE = 8192
 MAX_HEADER_TOTAL = 32768
 # Printable ASCII without spaces: keys end up in logs, probe URLs and tables.
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}\Z")
+# Seconds a client has to send a request's body once its headers arrived (the policy's
+# `limits.body_timeout_s`); set by build_app, absent (no limit) on a bare application.
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
 
 
 def single_header(request: web.Request, name: str) -> str | None:
@@ -53,7 +57,22 @@ def idempotency_key(request: web.Request) -> str | None:
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refusing before reading more than `limit` bytes."""
+    """The whole body, refusing before reading more than `limit` bytes, or once the
+    body has taken longer than the body timeout: a client that promises bytes and
+    never sends them would otherwise hold its connection (and handler) forever."""
+    timeout_s = request.config_dict.get(BODY_TIMEOUT)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise ProblemError(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"the body did not arrive within {timeout_s:g} s",
+            limit_s=timeout_s,
+        ) from None
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise ProblemError(

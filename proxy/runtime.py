@@ -18,6 +18,7 @@ from proxy.problems import ProblemError
 from store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
+    from proxy.forwarding import UpstreamPools
     from proxy.retention import RetentionCollector
     from reconcile.prober import Reconciler
 
@@ -27,7 +28,11 @@ class Runtime:
     policy: Policy
     store: Store
     admin_token: str | None
+    # The reconciler's and the probes' own; routes forward through `pools`.
     session: aiohttp.ClientSession | None = None
+    pools: UpstreamPools | None = None
+    # Proxied requests being handled now, against `policy.limits.max_requests`.
+    requests_in_flight: int = 0
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None

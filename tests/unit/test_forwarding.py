@@ -52,8 +52,9 @@ async def upstream() -> AsyncIterator[DroppingUpstream]:
         yield dropping
 
 
+@pytest.mark.parametrize("pool", ["plain", "fenced", "pass_through"])
 async def test_a_put_whose_connection_drops_is_sent_once_and_reported_lost(
-    upstream: DroppingUpstream,
+    upstream: DroppingUpstream, pool: str
 ) -> None:
     """aiohttp re-sends an idempotent-method request (PUT included) once when its
     connection breaks; forwarding.new_client_session switches that off through a
@@ -61,14 +62,18 @@ async def test_a_put_whose_connection_drops_is_sent_once_and_reported_lost(
     exactly once, and the proxy must learn that its outcome is unknown."""
     target = Upstream("dropping", f"http://127.0.0.1:{upstream.port}", 5, 1)
     url = URL(f"{target.url}/rules/r1")
-    session = forwarding.new_client_session()
+    # The routes forward through UpstreamPools' sessions: they must forward once too.
+    pools = forwarding.UpstreamPools([target])
+    plain = forwarding.new_client_session()
+    session = {"plain": plain, "fenced": pools.fenced(target)}.get(pool, pools.pass_through(target))
     try:
         first, _ = await forwarding.dispatch(session, target, "PUT", url, CIMultiDict(), b"{}")
         second, answer = await forwarding.dispatch(
             session, target, "PUT", url, CIMultiDict(), b'{"v": 2}'
         )
     finally:
-        await session.close()
+        await pools.close()
+        await plain.close()
     assert first == Answered(200)
     assert isinstance(second, Lost) and answer is None, second
     assert len(upstream.received) == 2, upstream.received

@@ -9,8 +9,10 @@ import pytest
 
 from policies import (
     ConfigError,
+    Limits,
     Outcome,
     Policy,
+    Pool,
     Problem,
     Retention,
     load_policy,
@@ -1117,3 +1119,83 @@ def test_every_retention_problem_is_reported_at_once() -> None:
         (16, "retention.batch"),
         (17, "retention.batch_size"),
     ]
+
+
+# --- limits and upstream pools (issue 8, items 3 and 4) -----------------------------------
+
+
+def test_limits_and_pools_have_defaults_when_absent() -> None:
+    policy = parse_policy(VALID)
+    assert policy.limits == Limits(header_timeout_s=15, body_timeout_s=30, max_requests=1024)
+    assert policy.upstreams["supplier"].pool == Pool(fenced=256, pass_through=256)
+
+
+def test_limits_are_read() -> None:
+    text = with_text("limits: {header_timeout_s: 2.5, body_timeout_s: 0.5, max_requests: 7}")
+    assert parse_policy(text).limits == Limits(2.5, 0.5, 7)
+
+
+def test_a_limit_left_out_keeps_its_default() -> None:
+    assert parse_policy(with_text("limits: {max_requests: 7}")).limits == Limits(15, 30, 7)
+
+
+def test_an_upstream_pool_is_read_and_a_size_left_out_keeps_its_default() -> None:
+    text = edit("connect_timeout_s: 1}", "connect_timeout_s: 1, pool: {fenced: 3}}")
+    assert parse_policy(text).upstreams["supplier"].pool == Pool(3, 256)
+
+
+def test_a_zero_body_timeout_is_refused() -> None:
+    assert_single_problem(
+        with_text("limits: {body_timeout_s: 0}"),
+        13,
+        "limits.body_timeout_s",
+        "must be at least 0.001, got 0",
+    )
+
+
+def test_a_zero_header_timeout_is_refused() -> None:
+    assert_single_problem(
+        with_text("limits: {header_timeout_s: 0}"),
+        13,
+        "limits.header_timeout_s",
+        "must be at least 0.001, got 0",
+    )
+
+
+def test_max_requests_must_be_a_positive_integer() -> None:
+    assert_single_problem(
+        with_text("limits: {max_requests: 0}"), 13, "limits.max_requests", "must be at least 1"
+    )
+    assert_single_problem(
+        with_text("limits: {max_requests: 1.5}"),
+        13,
+        "limits.max_requests",
+        "expected an integer, got 1.5",
+    )
+
+
+def test_unknown_key_in_limits() -> None:
+    assert_single_problem(
+        with_text("limits: {max_connections: 10}"),
+        13,
+        "limits.max_connections",
+        "unknown key (allowed: body_timeout_s, header_timeout_s, max_requests)",
+    )
+
+
+def test_limits_must_be_a_mapping() -> None:
+    assert_single_problem(with_text("limits: [1]"), 13, "limits", "expected a mapping, got a list")
+
+
+def test_an_empty_pool_is_refused() -> None:
+    text = edit("connect_timeout_s: 1}", "connect_timeout_s: 1, pool: {pass_through: 0}}")
+    assert_single_problem(
+        text, 6, "upstreams.supplier.pool.pass_through", "must be at least 1, got 0"
+    )
+
+
+def test_unknown_key_in_a_pool() -> None:
+    text = edit("connect_timeout_s: 1}", "connect_timeout_s: 1, pool: {reads: 3}}")
+    assert_single_problem(
+        text, 6, "upstreams.supplier.pool.reads", "unknown key (allowed: fenced, pass_through)"
+    )

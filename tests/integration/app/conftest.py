@@ -41,7 +41,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 from demo.upstream import make_app as make_upstream_app
 from policies import Policy, parse_policy
 from proxy.app import build_app
-from proxy.cli import PARSER_LIMITS
+from proxy.cli import server_options
 from proxy.runtime import RUNTIME
 from store import Store
 from tests import pg
@@ -111,8 +111,9 @@ listen: {host: 127.0.0.1, port: 8080}
 store: $store
 admin_token_env: FENCEPROXY_TEST_ADMIN_TOKEN
 leases: {min_ttl_s: 0.1, max_ttl_s: 60, default_ttl_s: 5}
+$limits
 upstreams:
-  supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5}
+  supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5$pool}
 routes:
   - name: place-order
     upstream: supplier
@@ -153,9 +154,12 @@ def policy_yaml(
     max_in_flight: int = 1,
     reconcile: str | None = None,
     upstream_idempotent: bool = False,
+    limits: str | None = None,
+    pool: str | None = None,
 ) -> str:
     """The test policy; `reconcile` (a YAML mapping) and `upstream_idempotent` go on
-    the place-order route."""
+    the place-order route, `limits` (a YAML mapping) is the top-level block and `pool`
+    (a YAML mapping) the supplier upstream's."""
     extra = ""
     if reconcile is not None:
         extra += f"    reconcile: {reconcile}\n"
@@ -168,6 +172,8 @@ def policy_yaml(
         forward_fence_headers="true" if forward_fence_headers else "false",
         max_in_flight=max_in_flight,
         place_order_extra=extra,
+        limits=f"limits: {limits}" if limits is not None else "",
+        pool=f", pool: {pool}" if pool is not None else "",
     )
 
 
@@ -360,6 +366,8 @@ class FenceFactory(Protocol):
         admin_token: str | None = ADMIN_TOKEN,
         reconcile: str | None = None,
         upstream_idempotent: bool = False,
+        limits: str | None = None,
+        pool: str | None = None,
     ) -> Awaitable[Fence]: ...
 
 
@@ -438,6 +446,8 @@ async def make_fence(
         admin_token: str | None = ADMIN_TOKEN,
         reconcile: str | None = None,
         upstream_idempotent: bool = False,
+        limits: str | None = None,
+        pool: str | None = None,
     ) -> Fence:
         demo_server, upstream = await start_upstream()
         db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
@@ -450,6 +460,8 @@ async def make_fence(
             max_in_flight=max_in_flight,
             reconcile=reconcile,
             upstream_idempotent=upstream_idempotent,
+            limits=limits,
+            pool=pool,
         )
         policy = parse_policy(text)
         config_path = tmp_path / "fenceproxy.yaml"
@@ -457,9 +469,10 @@ async def make_fence(
 
         async def start() -> Fence:
             app = build_app(policy, admin_token=admin_token, clock=clock)
-            # The limits `fenceproxy serve` gives aiohttp's parser, so that oversized
-            # headers reach the proxy's own check rather than aiohttp's plain 400.
-            server = await aiohttp_server(app, host="127.0.0.1", **PARSER_LIMITS)
+            # The options `fenceproxy serve` gives aiohttp's server: the parser limits (so
+            # that oversized headers reach the proxy's own check rather than aiohttp's
+            # plain 400) and the header timeout.
+            server = await aiohttp_server(app, host="127.0.0.1", **server_options(policy))
             client: ProxyClient = await aiohttp_client(server)
             return Fence(
                 client,

@@ -50,6 +50,7 @@ listen: {{host: 127.0.0.1, port: {proxy_port}}}
 store: sqlite:///{store_path}
 admin_token_env: {admin_token_env}
 leases: {{min_ttl_s: 0.5, max_ttl_s: 60, default_ttl_s: 2}}
+{limits}
 upstreams:
   supplier: {{url: "http://127.0.0.1:{upstream_port}", timeout_s: {timeout_s},
               connect_timeout_s: 0.25}}
@@ -113,6 +114,7 @@ class StackOptions:
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
     reconcile: ReconcileBlock | None = None
     grace_s: float | None = None  # `fenceproxy serve --grace`; None: the CLI's default
+    limits: str | None = None  # the policy's `limits:` mapping (YAML); None: the defaults
 
 
 # -- a small synchronous HTTP client ---------------------------------------------------
@@ -705,6 +707,7 @@ def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterato
             admin_token_env=ADMIN_TOKEN_ENV,
             timeout_s=options.upstream_timeout_s,
             place_order_reconcile=options.reconcile.yaml() if options.reconcile else "",
+            limits=f"limits: {options.limits}" if options.limits else "",
         )
     )
     proxy_argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
