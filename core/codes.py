@@ -71,7 +71,8 @@ _PROBLEMS = {
         "malformed JSON, unknown field, bad resource or holder, ttl out of bounds, duplicated "
         "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`, a request target that "
         "is not a path, a `Connection` header naming `Idempotency-Key`, `Fence-*`, "
-        "`Content-Length` or `Transfer-Encoding`",
+        "`Content-Length` or `Transfer-Encoding`, a fenced path with empty, `.` or `..` "
+        "segments, JSON nested too deeply",
     ),
     ErrorCode.MISSING_IDEMPOTENCY_KEY: _Problem(
         400, "Idempotency-Key required", "the route requires one"

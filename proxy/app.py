@@ -63,7 +63,9 @@ def build_app(
         [_store_ctx, _client_ctx, _garbage_collector_ctx, _retention_ctx, _reconciler_ctx]
     )
     control.add_routes(app)
-    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    # Everything but the control API: a control path with a wrong method is then the
+    # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
+    app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler)
     return app
 
 
@@ -210,7 +212,16 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
     except web.HTTPException as exc:
         if exc.status == 405:
-            return problem(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed here")
+            await runtime_of(request).record_rejection(request, ErrorCode.METHOD_NOT_ALLOWED)
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return problem(
+                ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed here", allow
+            )
+        if exc.status == 404 and request.path.startswith("/_fence/"):
+            await runtime_of(request).record_rejection(request, ErrorCode.NO_ROUTE)
+            return problem(
+                ErrorCode.NO_ROUTE, f"no control endpoint {request.method} {request.path}"
+            )
         if exc.status == 404:
             return problem(ErrorCode.NOT_FOUND, f"nothing at {request.path}")
         if exc.status == 413:
@@ -248,10 +259,6 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         raise ProblemError(
             ErrorCode.INVALID_REQUEST,
             f"the Connection header names {stripped}, which cannot be removed in transit",
-        )
-    if request.path.startswith("/_fence/"):
-        raise ProblemError(
-            ErrorCode.NO_ROUTE, f"no control endpoint {request.method} {request.path}"
         )
     match = runtime.policy.match(request.method, request.path)
     if match is None:

@@ -35,6 +35,13 @@ log = logging.getLogger("fenceproxy")
 async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> web.StreamResponse:
     route = match.route
     assert route.resource is not None
+    if any(segment in ("", ".", "..") for segment in request.path.split("/")[1:]):
+        # One object, one resource: "a/../b", "./b" and "b" must not be fenced apart.
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            "the path of a fenced route may not have empty, '.' or '..' segments",
+            route=route.name,
+        )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
         raise ProblemError(

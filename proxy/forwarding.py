@@ -129,13 +129,20 @@ def upstream_headers(request: web.Request, fence: dict[str, str] | None) -> CIMu
     headers["X-Forwarded-For"] = f"{previous_for}, {client}" if previous_for else client
     headers["X-Forwarded-Host"] = host
     headers["X-Forwarded-Proto"] = proto
-    quoted_for = f'"[{client}]"' if ":" in client else client
-    forwarded = f'for={quoted_for};host="{host}";proto={proto}'
+    quoted_for = _quoted(f"[{client}]") if ":" in client else client
+    forwarded = f"for={quoted_for};host={_quoted(host)};proto={proto}"
     previous = request.headers.get("Forwarded")
     headers["Forwarded"] = f"{previous}, {forwarded}" if previous else forwarded
     if fence:
         headers.update(fence)
     return headers
+
+
+def _quoted(value: str) -> str:
+    """An RFC 7230 quoted-string (RFC 7239 takes its values so): a client's Host must not
+    close the quotes and add Forwarded parameters of its own."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:

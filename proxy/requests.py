@@ -103,6 +103,9 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProblemError(ErrorCode.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        # Nesting deeper than the parser's stack: no control body is more than one level.
+        raise ProblemError(ErrorCode.INVALID_REQUEST, "the body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ProblemError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(data) - allowed)

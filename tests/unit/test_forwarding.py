@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -78,3 +79,11 @@ async def test_a_put_whose_connection_drops_is_sent_once_and_reported_lost(
     assert isinstance(second, Lost) and answer is None, second
     assert len(upstream.received) == 2, upstream.received
     assert upstream.received[1].endswith(b'{"v": 2}')
+
+
+def test_forwarded_quotes_the_host_as_rfc_7239_asks() -> None:
+    # A Host value with a quote or a backslash must not break out of its quoted-string
+    # (and so add parameters of its own choosing to the Forwarded header).
+    request = make_mocked_request("POST", "/orders/w", headers={"Host": 'evil";for=1.2.3.4;x="\\'})
+    forwarded = forwarding.upstream_headers(request, None)["Forwarded"]
+    assert forwarded.endswith(';host="evil\\";for=1.2.3.4;x=\\"\\\\";proto=http')

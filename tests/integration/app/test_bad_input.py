@@ -243,10 +243,19 @@ CASES = [
         "fence-method-not-served",
         "PUT",
         "/_fence/v1/leases",
-        404,
-        "no_route",
+        405,
+        "method_not_allowed",
         JSON_CT,
         acquire_body(),
+    ),
+    Case(
+        "deeply-nested-json",
+        "POST",
+        "/_fence/v1/leases",
+        400,
+        "invalid_request",
+        JSON_CT,
+        b"[" * 20000 + b"]" * 20000,
     ),
     # admin authentication
     Case("admin-effects-no-bearer", "GET", "/_fence/v1/effects", 401, "unauthorized"),
@@ -426,3 +435,12 @@ async def test_admin_api_off_without_a_configured_token(make_fence: FenceFactory
     for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {ADMIN_TOKEN}"}):
         response = await fence.client.get("/_fence/v1/effects", headers=headers)
         await assert_problem(response, 401, "unauthorized")
+
+
+async def test_a_wrong_method_on_a_control_path_names_the_allowed_ones(fence: Fence) -> None:
+    response = await fence.client.put("/_fence/v1/leases", json={})
+    await assert_problem(response, 405, "method_not_allowed")
+    assert set(response.headers["Allow"].split(",")) >= {"GET", "POST"}
+    effect = await fence.client.delete("/_fence/v1/effects/eff_x/probe", headers=fence.admin)
+    await assert_problem(effect, 405, "method_not_allowed")
+    assert effect.headers["Allow"] == "POST"

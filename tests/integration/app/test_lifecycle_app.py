@@ -141,3 +141,17 @@ async def test_the_reconciler_survives_an_unexpected_failure(
 
     # The loop lives on (after its back-off) and sweeps again.
     await poll_until(swept_again, "the reconciler to sweep again")
+
+
+@pytest.mark.parametrize("path", ["/rules/..", "/rules/."])
+async def test_a_fenced_path_with_dot_or_empty_segments_is_refused(fence: Fence, path: str) -> None:
+    # One object must be one resource: "a/../b", "./b" and "b" may not fence apart.
+    lease = await fence.acquire("rules:r1", "worker-a")
+    head = (
+        f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nFence-Token: {lease['token']}\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+    ).encode()
+    answer = await raw_request(fence, head)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert b'"code": "invalid_request"' in answer
+    assert await fence.effects() == []
