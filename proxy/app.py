@@ -18,6 +18,7 @@ from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding
+from proxy.logredact import redaction_ctx
 from proxy.problems import ProblemError, problem
 from proxy.requests import (
     BODY_TIMEOUT,
@@ -60,7 +61,14 @@ def build_app(
     app[RUNTIME] = runtime
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
-        [_store_ctx, _client_ctx, _garbage_collector_ctx, _retention_ctx, _reconciler_ctx]
+        [
+            redaction_ctx,
+            _store_ctx,
+            _client_ctx,
+            _garbage_collector_ctx,
+            _retention_ctx,
+            _reconciler_ctx,
+        ]
     )
     control.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the

@@ -7,6 +7,7 @@ something fails between admission and the receipt, and when evidence conflicts.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -155,3 +156,19 @@ async def test_a_fenced_path_with_dot_or_empty_segments_is_refused(fence: Fence,
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert b'"code": "invalid_request"' in answer
     assert await fence.effects() == []
+
+
+async def test_a_malformed_header_line_is_logged_without_its_value(
+    fence: Fence, caplog: pytest.LogCaptureFixture
+) -> None:
+    # aiohttp's parser logs the raw line it could not parse: a Fence-Token or an admin
+    # bearer token would land in the logs.
+    head = (
+        b"GET /_fence/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Fence-Token fpt_SECRETSECRETSECRET\r\nConnection: close\r\n\r\n"
+    )
+    with caplog.at_level(logging.INFO):
+        answer = await raw_request(fence, head)
+    assert answer.startswith(b"HTTP/1.1 400") or answer.startswith(b"HTTP/1.0 400"), answer
+    assert caplog.records, "the malformed request is still logged"
+    assert "SECRETSECRET" not in caplog.text
