@@ -15,6 +15,7 @@ from core.records import Rejection
 from policies import Policy
 from proxy.metrics import Metrics
 from proxy.problems import ProblemError
+from proxy.readiness import Readiness
 from store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class Runtime:
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None
     shutting_down: bool = False
+    readiness: Readiness = field(default_factory=Readiness)
 
     async def record_rejection(
         self,
