@@ -11,8 +11,8 @@ are retried one transaction each, so one bad operation cannot take others down.
 A database file deleted or replaced under an open connection is not an error to
 SQLite: the connection keeps writing to the unlinked inode and every commit
 "succeeds", then vanishes at the next start. So the connector records the files'
-identity (device, inode) when it opens them and checks it again around every
-write batch, after COMMIT and before anyone is answered, and before every read.
+identity (device, inode) when it opens them and checks it again after every
+write batch's COMMIT, before anyone is answered, and before every read.
 One stat() per file per batch costs microseconds against a commit's fsync. A
 mismatch is final: the store answers StoreUnavailable until the process restarts
 (and a restart on a store it does not know is refused, see proxy/identity.py).
@@ -276,13 +276,15 @@ class SQLiteConnector:
     ) -> None:
         batch, loop = work
         operations = [operation for operation, _ in batch]
-        lost = self._check_files()
+        # Already lost: nothing more goes into the old file.
+        lost = self.lost
         if lost is None:
             outcomes = self._transaction(conn, operations)
             if len(operations) > 1 and not all(ok for ok, _ in outcomes):
                 # One failed and took the batch down with it: each again, on its own.
                 outcomes = [self._transaction(conn, [operation])[0] for operation in operations]
-            # Again after COMMIT: a file deleted while the batch ran took it along.
+            # After COMMIT, before anyone is answered: a file deleted before or while
+            # the batch ran took the batch along.
             lost = self._check_files()
         if lost is not None:
             outcomes = [(False, StoreUnavailable(lost))] * len(operations)
