@@ -41,11 +41,13 @@ def readyz_status(stack: Stack) -> int:
 
 
 def ordered_once(stack: Stack, sku: str) -> dict[str, Any]:
-    """A lease on supplier:SKU and one acknowledged order under it; returns the lease."""
+    """A lease on supplier:SKU and one acknowledged order under it; returns the lease,
+    with the order's key as "idempotency_key"."""
     lease = stack.acquire_ok(f"supplier:{sku}", "worker-a", ttl_s=30.0)
-    placed = stack.place_order(sku, lease["token"], new_key("before"))
+    key = new_key("before")
+    placed = stack.place_order(sku, lease["token"], key)
     assert placed.status == 201, placed
-    return lease
+    return {**lease, "idempotency_key": key}
 
 
 def refused_start(stack: Stack, *extra_args: str) -> str:
@@ -117,7 +119,7 @@ def test_a_restart_on_an_empty_store_is_refused_until_fence_restore(stack: Stack
     proxy refuses to start with one line naming the situation and both ways out; the
     same key is not ordered again; after `store fence-restore` it starts and epochs
     continue above every acknowledged one."""
-    ordered_once(stack, "emptied")
+    old_lease = ordered_once(stack, "emptied")
     stack.sigterm_proxy()
     assert stack.wait_proxy_exit(15.0) == 0
     for path in store_files(stack):
@@ -132,8 +134,13 @@ def test_a_restart_on_an_empty_store_is_refused_until_fence_restore(stack: Stack
     restored = stack.cli("store", "fence-restore", "--yes")
     assert restored.returncode == 0, (restored.stdout, restored.stderr)
     stack.restart_proxy()
+    # The old holder's retry of its acknowledged key is not ordered again: its token
+    # is unknown to this store.
+    retry = stack.place_order("emptied", old_lease["token"], old_lease["idempotency_key"])
+    assert_refused(retry, 403, "invalid_token")
     lease = stack.acquire_ok("supplier:emptied", "worker-b", ttl_s=30.0)
     assert lease["epoch"] > 1_000_000, lease
+    assert stack.upstream_orders() == 1
     assert readyz_status(stack) == 200
 
 
