@@ -10,6 +10,7 @@ reached it.
 
 from __future__ import annotations
 
+import json
 import resource
 import secrets
 import shutil
@@ -182,3 +183,27 @@ def test_a_restart_on_another_store_is_refused_until_new_store(stack: Stack) -> 
     assert stack.wait_proxy_exit(15.0) == 0
     stack.restart_proxy()
     assert readyz_status(stack) == 200
+
+
+def test_the_state_dir_holds_the_instance_memory_away_from_the_store(stack: Stack) -> None:
+    """Signal: SIGTERM, then starts with `--state-dir`. Proves: by default the memory is
+    next to the SQLite file under a name `rm fence.db*` does not match; `--state-dir`
+    keeps it elsewhere, where a later start with the same directory checks it."""
+    ordered_once(stack, "state")
+    (default,) = stack.tmp_path.glob("fenceproxy-instance-*.json")
+    assert default not in store_files(stack)
+    stack.sigterm_proxy()
+    assert stack.wait_proxy_exit(15.0) == 0
+    elsewhere = stack.tmp_path / "elsewhere"
+
+    stack.restart_proxy("--state-dir", str(elsewhere))
+
+    (moved,) = elsewhere.glob("fenceproxy-instance-*.json")
+    assert moved.name == default.name
+    assert json.loads(moved.read_text())["store_id"] == json.loads(default.read_text())["store_id"]
+    stack.sigterm_proxy()
+    assert stack.wait_proxy_exit(15.0) == 0
+    for path in store_files(stack):
+        path.unlink()
+    line = refused_start(stack, "--state-dir", str(elsewhere))
+    assert "is not the store" in line, line
