@@ -160,8 +160,9 @@ _PROBLEMS = {
     ErrorCode.STORE_UNAVAILABLE: _Problem(
         503,
         "Store unavailable",
-        "the store did not answer: before dispatch nothing was decided; after it the receipt "
-        "was not recorded and the effect stays in doubt",
+        "the store did not answer, refused a write, or cannot be trusted (its SQLite file was "
+        "deleted or replaced): before dispatch nothing was decided; after it the receipt was "
+        "not recorded and the effect stays in doubt",
     ),
     ErrorCode.OVERLOADED: _Problem(
         503,

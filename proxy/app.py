@@ -18,6 +18,7 @@ from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding
+from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
 from proxy.problems import ProblemError, problem
 from proxy.requests import (
@@ -52,12 +53,13 @@ def build_app(
     store: Store | None = None,
     admin_token: str | None = None,
     clock: Callable[[], float] = time.time,
+    identity: IdentityCheck | None = None,
 ) -> web.Application:
     if store is None:
         pool = (policy.store_pool.min_size, policy.store_pool.max_size)
         store = open_store(policy.store, clock, default_instance_id(policy), pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
-    runtime = Runtime(policy, store, admin_token)
+    runtime = Runtime(policy, store, admin_token, identity=identity)
     app[RUNTIME] = runtime
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
@@ -81,6 +83,20 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
     store = runtime.store
     await store.open()
+    if runtime.identity is not None:
+        # Before anything is written: a store this instance does not know could hand
+        # out epochs below ones it acknowledged (proxy/identity.py).
+        try:
+            previous = await check_store_identity(store, runtime.identity, runtime.policy.store)
+        except BaseException:
+            await store.close()
+            raise
+        if previous is not None:
+            log.warning(
+                "this instance last used store %s; starting on this one, which was "
+                "fence-restored since or accepted with --new-store",
+                previous.store_id,
+            )
     # Before the listener opens: whatever this instance had in flight when it last
     # stopped has an unknown fate now, and its resources must stay blocked.
     recovered = await store.recover(store.instance_id, DEADLINE_MARGIN_S)

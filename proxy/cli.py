@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -22,8 +23,9 @@ from aiohttp import web
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
 from proxy import operations
-from proxy.app import build_app, new_instance_id
+from proxy.app import build_app, default_instance_id, new_instance_id
 from proxy.forwarding import new_client_session
+from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, open_store
@@ -92,6 +94,19 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=10.0,
         help="seconds SIGTERM waits for in-flight requests before exiting (default 10)",
+    )
+    serve.add_argument(
+        "--new-store",
+        action="store_true",
+        help="start on the store as it is, even if it is not the one this instance last "
+        "used (an empty store then issues epochs from 1 again)",
+    )
+    serve.add_argument(
+        "--state-dir",
+        default=os.environ.get(STATE_DIR_ENV),
+        help="where this instance remembers which store it last used (default: "
+        f"${STATE_DIR_ENV}, else the SQLite database's directory, or for PostgreSQL "
+        "the configuration file's)",
     )
     check = command("check-config", _check_config, "validate a policy file")
     check.add_argument("file", nargs="?", help="policy file (default: --config)")
@@ -222,7 +237,11 @@ def _serve(args: argparse.Namespace) -> int:
         level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    app = build_app(policy, admin_token=admin_token or None)
+    state_dir = (
+        Path(args.state_dir) if args.state_dir else default_state_dir(policy.store, args.config)
+    )
+    identity = IdentityCheck(memory_file(state_dir, default_instance_id(policy)), args.new_store)
+    app = build_app(policy, admin_token=admin_token or None, identity=identity)
     print(
         f"fenceproxy on http://{policy.listen.host}:{policy.listen.port} "
         f"(store {policy.store}, admin API {'on' if admin_token else 'off'})",

@@ -231,7 +231,9 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    await runtime_of(request).store.ping()
+    # A write, not a read: a full disk or a read-only store still answers reads.
+    runtime = runtime_of(request)
+    await runtime.readiness.check(runtime.store)
     return web.json_response({"status": "ready"})
 
 

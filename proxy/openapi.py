@@ -236,7 +236,12 @@ def document() -> dict[str, Any]:
             },
             "/_fence/healthz": {"get": {"responses": {"200": {"description": "alive"}}}},
             "/_fence/readyz": {
-                "get": {"responses": {"200": {"description": "store answers"}, "503": _PROBLEM}}
+                "get": {
+                    "responses": {
+                        "200": {"description": "the store took a write within the last second"},
+                        "503": _PROBLEM,
+                    }
+                }
             },
         },
     }

@@ -13,8 +13,10 @@ from aiohttp import web
 from core.codes import ErrorCode
 from core.records import Rejection
 from policies import Policy
+from proxy.identity import IdentityCheck
 from proxy.metrics import Metrics
 from proxy.problems import ProblemError
+from proxy.readiness import Readiness
 from store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ class Runtime:
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None
     shutting_down: bool = False
+    readiness: Readiness = field(default_factory=Readiness)
+    # Set by `serve`: check at start that the store is the one this instance last used.
+    identity: IdentityCheck | None = None
 
     async def record_rejection(
         self,

@@ -6,7 +6,15 @@ from collections.abc import Callable
 
 from policies.store_backends import StoreBackend, store_backend
 from store.base import Connector, StoreError, StoreUnavailable
-from store.manager import Admitted, LeaseView, NewEffect, Purged, Receipt, Store
+from store.manager import (
+    Admitted,
+    LeaseView,
+    NewEffect,
+    Purged,
+    Receipt,
+    Store,
+    StoreIdentity,
+)
 from store.postgres import PostgresConnector
 from store.sqlite import SQLiteConnector
 
@@ -48,6 +56,7 @@ __all__ = [
     "Receipt",
     "Store",
     "StoreError",
+    "StoreIdentity",
     "StoreUnavailable",
     "open_store",
 ]

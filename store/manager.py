@@ -101,6 +101,16 @@ class Purged:
         return self.effects >= batch or self.rejections >= batch
 
 
+@dataclass(frozen=True)
+class StoreIdentity:
+    """Who the store is: a random id created with its schema, when (by the store's
+    clock), and when `store fence-restore` last advanced every epoch (None: never)."""
+
+    store_id: str
+    created_at: float
+    fenced_at: float | None
+
+
 # Effects admitted before retention ran from settlement did not record their route's.
 DEFAULT_RETAIN_S = 86400.0
 
@@ -630,6 +640,9 @@ class Store:
             await tx.execute("set_epoch_floor", floor=floor)
             await tx.execute("advance_all_epochs", floor=floor)
             await tx.execute("end_all_leases", now=tx.now, reason="fence-restore")
+            # A proxy that remembers another store accepts this one once it was fenced
+            # after the proxy last started (proxy/identity.py).
+            await tx.execute("mark_fenced", now=tx.now)
             return floor
 
         return await self.connector.write(operation)
@@ -641,6 +654,29 @@ class Store:
             return tx.now
 
         return await self.connector.read(operation)
+
+    async def identity(self) -> StoreIdentity:
+        async def operation(tx: Tx) -> StoreIdentity:
+            row = await tx.one("store_identity")
+            assert row is not None  # created by the schema's migration
+            fenced_at = row["fenced_at"]
+            return StoreIdentity(
+                str(row["store_id"]),
+                float(row["created_at"]),
+                None if fenced_at is None else float(fenced_at),
+            )
+
+        return await self.connector.read(operation)
+
+    async def heartbeat(self) -> float:
+        """Write one small row: proves that the store takes durable writes now (a read
+        succeeds on a full disk or a read-only file). Returns the store's clock."""
+
+        async def operation(tx: Tx) -> float:
+            await tx.execute("heartbeat", instance_id=self.instance_id, now=tx.now)
+            return tx.now
+
+        return await self.connector.write(operation)
 
     async def ping(self) -> None:
         async def operation(tx: Tx) -> None:

@@ -37,8 +37,14 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 )
 _OPEN_FAILED: tuple[type[BaseException], ...] = (*_CONNECTION_LOST, asyncpg.PostgresError)
 MIGRATION_LOCK = 7431000
-# The authority's clock: the database's, shared by every replica (see store_meta).
-_NOW = "SELECT extract(epoch FROM now())::float8 + clock_offset_s FROM store_meta"
+# The authority's clock: the database's, shared by every replica (see store_meta); and,
+# in the same round trip, the store's id, so that every transaction checks it is still
+# talking to the store it opened: a database dropped and created again behind the same
+# URL would hand out epochs from 1 (issue 8, item 5).
+_NOW = (
+    "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
+    " FROM store_meta m, store_identity i"
+)
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -96,6 +102,9 @@ class PostgresConnector:
             name: to_positional(sql) for name, sql in load_queries("postgres.sql").items()
         }
         self._pool: asyncpg.Pool | None = None
+        # The store id seen at open; once a transaction finds another, for good.
+        self.store_id: str | None = None
+        self.lost: str | None = None
 
     async def open(self) -> None:
         try:
@@ -103,6 +112,8 @@ class PostgresConnector:
                 self.url, min_size=self.min_size, max_size=self.max_size
             )
             await self.migrate()
+            self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
+            self.lost = None
         except _OPEN_FAILED as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
@@ -141,6 +152,14 @@ class PostgresConnector:
                 await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
         return applied_now
 
+    def _lose(self, what: str) -> str:
+        self.lost = (
+            f"the database is no longer the store opened (store id {self.store_id}; {what}): "
+            "it was dropped and created again or replaced, so nothing more is acknowledged "
+            "(restart the proxy)"
+        )
+        return self.lost
+
     async def write(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=False)
 
@@ -150,16 +169,25 @@ class PostgresConnector:
     async def _run(self, operation: Operation[T], readonly: bool) -> T:
         if self._pool is None:
             raise StoreUnavailable("the store is not open")
+        if self.lost is not None:
+            raise StoreUnavailable(self.lost)
         for attempt in range(RETRIES):
             try:
                 async with self._pool.acquire() as conn, conn.transaction(readonly=readonly):
-                    now = await conn.fetchval(_NOW)
-                    return await operation(PostgresTx(conn, self._queries, float(now)))
+                    row = await conn.fetchrow(_NOW)
+                    found = None if row is None else row["store_id"]
+                    if row is None or found != self.store_id:
+                        raise StoreUnavailable(self._lose(f"now {found}"))
+                    now = float(row["now"])
+                    return await operation(PostgresTx(conn, self._queries, now))
             except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
                 if attempt == RETRIES - 1:
                     raise StoreUnavailable("the transaction kept conflicting; try again") from None
             except _CONNECTION_LOST as exc:
                 raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
+            except asyncpg.UndefinedTableError as exc:
+                # The schema is gone under the open pool (the database was recreated).
+                raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except asyncpg.PostgresError as exc:
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
         raise AssertionError("unreachable")

@@ -8,6 +8,15 @@ one connection), and none is acknowledged before the COMMIT that holds it
 returned. If an operation fails, the batch is rolled back and its operations
 are retried one transaction each, so one bad operation cannot take others down.
 
+A database file deleted or replaced under an open connection is not an error to
+SQLite: the connection keeps writing to the unlinked inode and every commit
+"succeeds", then vanishes at the next start. So the connector records the files'
+identity (device, inode) when it opens them and checks it again after every
+write batch's COMMIT, before anyone is answered, and before every read.
+One stat() per file per batch costs microseconds against a commit's fsync. A
+mismatch is final: the store answers StoreUnavailable until the process restarts
+(and a restart on a store it does not know is refused, see proxy/identity.py).
+
 A whole batch runs in one hop to aiosqlite's connection thread: the store's
 operations are coroutines that only await this module's transaction methods,
 which never suspend, so the thread can drive them to completion itself. A hop
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -35,6 +45,16 @@ MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 Outcome = tuple[bool, Any]
 A = TypeVar("A")
+FileIdentity = tuple[int, int]
+
+
+def _file_identity(path: Path) -> FileIdentity | None:
+    """(st_dev, st_ino) of `path`, or None if there is no such file."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 class SQLiteTx:
@@ -119,6 +139,10 @@ class SQLiteConnector:
         self._reader: aiosqlite.Connection | None = None
         self._pending: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]]] = asyncio.Queue()
         self._write_task: asyncio.Task[None] | None = None
+        # The files opened (the database, and its -wal when there is one) and their
+        # identity then; set once a check finds one deleted or replaced, for good.
+        self._files: dict[Path, FileIdentity] = {}
+        self.lost: str | None = None
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None)
@@ -141,9 +165,17 @@ class SQLiteConnector:
             await self._migrate(self._writer)
             self._reader = await self._connect()
             await self._reader.execute("PRAGMA query_only = ON")
+            # A read opens (or creates) the -wal file, so that both exist from here on.
+            await self._reader.execute_fetchall("SELECT count(*) FROM schema_migrations")
         except sqlite3.Error as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+        self.lost = None
+        self._files = {}
+        for path in (self.path, self.path.with_name(f"{self.path.name}-wal")):
+            identity = _file_identity(path)
+            if identity is not None:
+                self._files[path] = identity
         self._write_task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
 
     async def close(self) -> None:
@@ -183,9 +215,25 @@ class SQLiteConnector:
                 await conn.execute("ROLLBACK")
                 raise
 
+    def _check_files(self) -> str | None:
+        """Why the files are no longer the ones opened, or None; once found, for good."""
+        if self.lost is None:
+            for path, opened in self._files.items():
+                now = _file_identity(path)
+                if now != opened:
+                    what = "deleted" if now is None else "replaced by another file"
+                    self.lost = (
+                        f"{path} was {what} while the proxy had it open: nothing written "
+                        "since is kept, so nothing more is acknowledged (restart the proxy)"
+                    )
+                    break
+        return self.lost
+
     async def write(self, operation: Operation[T]) -> T:
         if self._write_task is None or self._write_task.done():
             raise StoreUnavailable("the store is not open")
+        if self.lost is not None:
+            raise StoreUnavailable(self.lost)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending.put_nowait((operation, future))
         return await future
@@ -199,6 +247,10 @@ class SQLiteConnector:
         return value  # type: ignore[no-any-return]
 
     def _read_in_thread(self, conn: sqlite3.Connection, operation: Operation[Any]) -> Outcome:
+        # A read of a deleted file would answer from records that are gone for good.
+        lost = self._check_files()
+        if lost is not None:
+            return False, StoreUnavailable(lost)
         try:
             conn.execute("BEGIN")
             try:
@@ -224,10 +276,18 @@ class SQLiteConnector:
     ) -> None:
         batch, loop = work
         operations = [operation for operation, _ in batch]
-        outcomes = self._transaction(conn, operations)
-        if len(operations) > 1 and not all(ok for ok, _ in outcomes):
-            # One failed and took the batch down with it: each again, on its own.
-            outcomes = [self._transaction(conn, [operation])[0] for operation in operations]
+        # Already lost: nothing more goes into the old file.
+        lost = self.lost
+        if lost is None:
+            outcomes = self._transaction(conn, operations)
+            if len(operations) > 1 and not all(ok for ok, _ in outcomes):
+                # One failed and took the batch down with it: each again, on its own.
+                outcomes = [self._transaction(conn, [operation])[0] for operation in operations]
+            # After COMMIT, before anyone is answered: a file deleted before or while
+            # the batch ran took the batch along.
+            lost = self._check_files()
+        if lost is not None:
+            outcomes = [(False, StoreUnavailable(lost))] * len(operations)
         # Waiters are woken straight from here, not after this batch's own completion
         # reaches the writer task: one event-loop turn less on every store trip.
         loop.call_soon_threadsafe(_resolve, [future for _, future in batch], outcomes)

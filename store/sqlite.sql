@@ -259,3 +259,14 @@ UPDATE resources SET epoch = :floor
 
 -- end_all_leases --
 UPDATE leases SET ended_at = :now, end_reason = :reason WHERE ended_at IS NULL
+
+-- store_identity --
+SELECT store_id, created_at, fenced_at FROM store_identity
+
+-- mark_fenced --
+UPDATE store_identity SET fenced_at = :now
+
+-- heartbeat --
+-- A write that proves the store takes writes (readyz); one row per instance.
+INSERT INTO heartbeats (instance_id, at) VALUES (:instance_id, :now)
+ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at

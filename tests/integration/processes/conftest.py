@@ -396,11 +396,13 @@ class Stack:
         except OSError:
             return False
 
-    def restart_proxy(self) -> float:
-        """Start the proxy again after it exited: same port, store, config and instance id.
+    def restart_proxy(self, *extra_args: str, wait_ready: bool = True) -> float:
+        """Start the proxy again after it exited: same port, store, config and instance id,
+        with `extra_args` after `serve`'s own.
 
         Returns time.monotonic() taken just before the new process was started; returns
-        once it answers /_fence/healthz (its startup recovery ran before the listener).
+        once it answers /_fence/healthz (its startup recovery ran before the listener),
+        or at once with `wait_ready=False` (for a start that is expected to fail).
         """
         assert not self.proxy.is_running(), "stop the proxy before restarting it"
         assert self.processes is not None, "this stack cannot restart its proxy"
@@ -410,14 +412,15 @@ class Stack:
         self.proxy = self.processes.enter_context(
             ManagedProcess(
                 f"fenceproxy#{number}",
-                self.proxy_argv,
+                [*self.proxy_argv, *extra_args],
                 log_path=self.tmp_path / f"proxy-{number}.log",
                 env=self.proxy_env,
                 cwd=PROJECT_ROOT,
                 start_new_session=True,
             )
         )
-        self.proxy.wait_http_ok(f"{self.proxy_url}/_fence/healthz", STARTUP_TIMEOUT_S)
+        if wait_ready:
+            self.proxy.wait_http_ok(f"{self.proxy_url}/_fence/healthz", STARTUP_TIMEOUT_S)
         return started
 
     # proxy: leases
