@@ -36,10 +36,9 @@ mutate: $(STAMP)
 # The seeded simulation of the effect lifecycle (tests/simulation): STEPS steps in all,
 # in runs of SIM_STEPS, seeds from SEED on, each seed once with truthful and once with
 # hostile evidence, SIM_JOBS runs at a time; SIM_BACKEND=postgres uses the server of
-# `make test`. Known bugs are reported, anything else fails. `make simulate
-# STEPS=1000000` (SQLite, 2 jobs) took 8 minutes on this project's 2-core machine
-# (busy with other work at the time); SIM_BACKEND=postgres ran 100,000 steps in 2.5
-# minutes there, so about 25 minutes for a million.
+# `make test`. Any violation fails the run. `make simulate STEPS=1000000` (SQLite,
+# 2 jobs) took 6.5 minutes on this project's 2-core machine; SIM_BACKEND=postgres
+# runs about 10 times slower (round trips to the server).
 STEPS ?= 100000
 SIM_STEPS ?= 5000
 SEED ?= 1
