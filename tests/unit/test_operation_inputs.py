@@ -21,6 +21,7 @@ from proxy.operations import (
     required_text,
     resource_name,
 )
+from tests.unit.effects import an_effect
 
 
 def invalid_request(error: pytest.ExceptionInfo[OperationRefused]) -> OperationRefused:
@@ -159,24 +160,7 @@ def test_other_outcomes_are_refused(raw: object) -> None:
 
 
 def effect(state: EffectState) -> EffectRecord:
-    return EffectRecord(
-        id="eff-1",
-        route="place-order",
-        resource="supplier:widget",
-        holder="worker-1",
-        epoch=3,
-        idempotency_key="order-1",
-        fingerprint="fp-1",
-        method="POST",
-        path="/orders/widget",
-        state=state,
-        instance_id="host:8080",
-        created_at=1_000.0,
-        deadline=1_005.0,
-        finished_at=None,
-        upstream_status=None,
-        reason=None,
-    )
+    return an_effect(state, deadline=1_005.0)
 
 
 def test_an_unknown_effect_is_probed() -> None:

@@ -23,6 +23,7 @@ from core.probing import (
 from core.records import EffectRecord, EffectState, Refusal
 from policies import Outcome, Probe, Reconcile, StatusRules
 from policies.templates import StringTemplate
+from tests.unit.effects import an_effect
 
 NOW = 1_000_000.0
 LONG_AGO = NOW - 3600.0  # dispatched long before: the settle window plays no part
@@ -39,24 +40,7 @@ def reconcile(attempts: int = 100, settle_s: float = 2.0) -> Reconcile:
 
 
 def effect(deadline: float, state: EffectState = EffectState.DISPATCHING) -> EffectRecord:
-    return EffectRecord(
-        id="eff-1",
-        route="place-order",
-        resource="supplier:widget",
-        holder="worker-1",
-        epoch=3,
-        idempotency_key="order-1",
-        fingerprint="fp-1",
-        method="POST",
-        path="/orders/widget",
-        state=state,
-        instance_id="host:8080",
-        created_at=deadline - 5.0,
-        deadline=deadline,
-        finished_at=None,
-        upstream_status=None,
-        reason=None,
-    )
+    return an_effect(state, deadline)
 
 
 def in_flight_detail(decision: Refusal | None) -> str:

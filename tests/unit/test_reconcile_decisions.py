@@ -34,6 +34,7 @@ from core.records import (
 )
 from policies import Outcome, Probe, Reconcile, StatusRules
 from policies.templates import StringTemplate
+from tests.unit.effects import an_effect
 
 NOW = 1_000_000.0
 DISPATCHED = NOW - 100.0
@@ -158,24 +159,7 @@ def test_a_single_attempt_means_no_retry() -> None:
 
 
 def effect(state: EffectState, deadline: float = NOW + 5.0) -> EffectRecord:
-    return EffectRecord(
-        id="eff-1",
-        route="place-order",
-        resource=RESOURCE,
-        holder="worker-1",
-        epoch=3,
-        idempotency_key="order-1",
-        fingerprint="fp-1",
-        method="POST",
-        path="/orders/widget",
-        state=state,
-        instance_id="host:8080",
-        created_at=deadline - 5.0,
-        deadline=deadline,
-        finished_at=None,
-        upstream_status=None,
-        reason=None,
-    )
+    return an_effect(state, deadline)
 
 
 def refused(decision: object, code: str) -> Refusal:
