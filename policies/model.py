@@ -12,8 +12,14 @@ from enum import Enum
 
 from policies.templates import PathTemplate, StringTemplate
 
-RESOURCE_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}\Z")
-HOLDER_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}\Z")
+# The characters and lengths are named on their own so that the OpenAPI document
+# states the same rule (proxy/openapi.py) rather than a copy of it.
+RESOURCE_CHARS = "A-Za-z0-9._:@/+=-"
+MAX_RESOURCE_CHARS = 256
+HOLDER_CHARS = "A-Za-z0-9._:@-"
+MAX_HOLDER_CHARS = 128
+RESOURCE_RE = re.compile(rf"[{RESOURCE_CHARS}]{{1,{MAX_RESOURCE_CHARS}}}\Z")
+HOLDER_RE = re.compile(rf"[{HOLDER_CHARS}]{{1,{MAX_HOLDER_CHARS}}}\Z")
 
 
 class Outcome(Enum):

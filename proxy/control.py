@@ -227,7 +227,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def openapi_document(request: web.Request) -> web.Response:
-    return web.json_response(openapi.document())
+    return web.json_response(openapi.document(runtime_of(request).policy.leases))
 
 
 async def readyz(request: web.Request) -> web.Response:

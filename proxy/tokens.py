@@ -11,7 +11,7 @@ import re
 import secrets
 
 PREFIX = "fpt_"
-_SHAPE = re.compile(r"fpt_[A-Za-z0-9_-]{43}\Z")
+TOKEN_RE = re.compile(r"fpt_[A-Za-z0-9_-]{43}\Z")
 
 
 def new_token() -> str:
@@ -19,7 +19,7 @@ def new_token() -> str:
 
 
 def well_formed(token: str) -> bool:
-    return _SHAPE.match(token) is not None
+    return TOKEN_RE.match(token) is not None
 
 
 def token_hash(token: str) -> str:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from policies import RESOURCE_RE, LeaseBounds
+from policies.model import MAX_HOLDER_CHARS, MAX_RESOURCE_CHARS
 from proxy import control, openapi
+from proxy.operations import MAX_LIST_LIMIT
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # The document does not list itself.
@@ -64,3 +68,55 @@ def test_the_in_doubt_listing_is_an_admin_endpoint() -> None:
     assert ("GET", "/_fence/v1/reconcile") in served()
     operation = openapi.document()["paths"]["/_fence/v1/reconcile"]["get"]
     assert operation["security"] == [{"admin": []}]
+
+
+def _operations() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method, path, operation)
+        for path, operations in openapi.document()["paths"].items()
+        for method, operation in operations.items()
+    ]
+
+
+def test_every_path_parameter_the_router_names_is_declared() -> None:
+    app = web.Application()
+    control.add_routes(app)
+    documented = openapi.document()["paths"]
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if route.method == "HEAD" or path not in documented:
+            continue
+        names = set(re.findall(r"\{([^}:]*)", path))
+        operation = documented[path][route.method.lower()]
+        declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+        assert declared == names, (route.method, path)
+        assert all(p["required"] for p in operation.get("parameters", []) if p["in"] == "path")
+
+
+def test_every_operation_answers_problems_per_status_with_no_catch_all() -> None:
+    for method, path, operation in _operations():
+        responses = operation["responses"]
+        assert "default" not in responses, (method, path)
+        for status, response in responses.items():
+            if int(status) >= 400:
+                assert "application/problem+json" in response["content"], (method, path, status)
+
+
+def test_the_body_and_query_constraints_are_the_codes_own() -> None:
+    lease_bounds = LeaseBounds(min_ttl_s=2, max_ttl_s=60, default_ttl_s=10)
+    paths = openapi.document(lease_bounds)["paths"]
+    acquire = paths["/_fence/v1/leases"]["post"]["requestBody"]["content"]["application/json"]
+    fields = acquire["schema"]["properties"]
+    assert fields["ttl_s"]["minimum"] == 2 and fields["ttl_s"]["maximum"] == 60
+    assert fields["resource"]["maxLength"] == MAX_RESOURCE_CHARS
+    assert fields["holder"]["maxLength"] == MAX_HOLDER_CHARS
+    for name, schema, good, bad in [
+        ("resource", fields["resource"], "orders/42:a+b=c", "has space"),
+        ("holder", fields["holder"], "worker-1@host", "a/b"),
+    ]:
+        assert re.search(schema["pattern"], good) and RESOURCE_RE.match(good), name
+        assert not re.search(schema["pattern"], bad), name
+    limit = next(
+        p for p in paths["/_fence/v1/effects"]["get"]["parameters"] if p["name"] == "limit"
+    )
+    assert limit["schema"]["maximum"] == MAX_LIST_LIMIT
