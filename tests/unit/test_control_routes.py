@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import schemathesis
 from aiohttp import web
 
 from policies import RESOURCE_RE, LeaseBounds
@@ -120,3 +121,9 @@ def test_the_body_and_query_constraints_are_the_codes_own() -> None:
         p for p in paths["/_fence/v1/effects"]["get"]["parameters"] if p["name"] == "limit"
     )
     assert limit["schema"]["maximum"] == MAX_LIST_LIMIT
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    """Against the OpenAPI 3.1 meta-schema (schemathesis carries it: no network)."""
+    for leases in (None, LeaseBounds(min_ttl_s=1, max_ttl_s=300, default_ttl_s=30)):
+        schemathesis.openapi.from_dict(openapi.document(leases)).validate()
