@@ -117,3 +117,17 @@ async def test_every_operation_conforms_to_the_served_document(
     }
     assert set(checked) == expected
     assert elapsed < BUDGET_S, f"schemathesis took {elapsed:.1f} s"
+
+
+async def test_the_served_document_states_the_running_policys_lease_bounds(fence: Fence) -> None:
+    document = await json_body(await fence.client.get("/_fence/v1/openapi.json"))
+    paths = document["paths"]
+    leases = fence.policy.leases
+    for path in ("/_fence/v1/leases", "/_fence/v1/leases/renew"):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        ttl_s = body["properties"]["ttl_s"]
+        assert (ttl_s["minimum"], ttl_s["maximum"], ttl_s["default"]) == (
+            leases.min_ttl_s,
+            leases.max_ttl_s,
+            leases.default_ttl_s,
+        ), path
