@@ -24,6 +24,7 @@ from proxy.problems import ProblemError, problem
 from proxy.requests import (
     BODY_TIMEOUT,
     check_header_sizes,
+    defer_continue,
     read_body,
 )
 from proxy.retention import RetentionCollector
@@ -75,7 +76,7 @@ def build_app(
     control.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
-    app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler)
+    app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
     return app
 
 

@@ -13,7 +13,7 @@ from core.records import Refusal
 from proxy import openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
-from proxy.requests import holder_name, json_object, single_header, ttl
+from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
 from proxy.runtime import require_admin, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
@@ -27,7 +27,8 @@ def add_routes(app: web.Application) -> None:
         app.router.add_get(path, _refusals_as_problems(handler))
 
     def post(path: str, handler: Handler) -> None:
-        app.router.add_post(path, _refusals_as_problems(handler))
+        # 100 Continue only once the token and admin checks passed (see read_body).
+        app.router.add_post(path, _refusals_as_problems(handler), expect_handler=defer_continue)
 
     post(f"{PREFIX}/leases", acquire)
     get(f"{PREFIX}/leases", show_lease)

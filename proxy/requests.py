@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from policies import HOLDER_RE, LeaseBounds
@@ -56,10 +56,28 @@ def idempotency_key(request: web.Request) -> str | None:
     return key
 
 
+async def defer_continue(request: web.Request) -> None:
+    """The proxied routes' Expect handler: aiohttp's own answers 100 Continue before
+    the handler runs, which invites the body before the token, key and size checks
+    that need none. `read_body` sends it instead, once those have passed."""
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers[hdrs.EXPECT]}")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, refusing before reading more than `limit` bytes, or once the
     body has taken longer than the body timeout: a client that promises bytes and
     never sends them would otherwise hold its connection (and handler) forever."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        # Refused before reading a byte of it (and before inviting it, below).
+        raise ProblemError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the body is {declared} bytes; the limit is {limit}",
+            limit=limit,
+        )
+    if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
     try:
         async with asyncio.timeout(timeout_s):
@@ -74,12 +92,6 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
-    if declared is not None and declared > limit:
-        raise ProblemError(
-            ErrorCode.PAYLOAD_TOO_LARGE,
-            f"the body is {declared} bytes; the limit is {limit}",
-            limit=limit,
-        )
     if declared is not None:
         # Framed by Content-Length (already checked against the limit): one read.
         return await request.content.read()

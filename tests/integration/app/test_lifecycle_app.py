@@ -172,3 +172,47 @@ async def test_a_malformed_header_line_is_logged_without_its_value(
     assert answer.startswith(b"HTTP/1.1 400") or answer.startswith(b"HTTP/1.0 400"), answer
     assert caplog.records, "the malformed request is still logged"
     assert "SECRETSECRET" not in caplog.text
+
+
+async def test_100_continue_comes_only_after_the_checks_that_need_no_body(fence: Fence) -> None:
+    # A client that waits for 100 Continue before sending its body must learn of a
+    # missing token at once, not be invited to upload first.
+    head = (
+        b"POST /orders/widget HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k-1\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+    )
+    answer = await raw_request(fence, head)
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert b"100 Continue" not in answer
+
+    lease = await fence.acquire(RESOURCE, "worker-a")
+    server = fence.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            b"POST /orders/widget HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k-1\r\n"
+            b"Fence-Token: " + lease["token"].encode() + b"\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 11\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        writer.write(b'{"qty": 1} ')
+        await writer.drain()
+        final = await asyncio.wait_for(reader.read(65536), 10)
+        assert final.startswith(b"HTTP/1.1 201"), final
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert await fence.upstream_orders() == 1
+
+
+async def test_100_continue_on_the_lease_api_waits_for_the_token_check(fence: Fence) -> None:
+    head = (
+        b"POST /_fence/v1/leases/renew HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    answer = await raw_request(fence, head)
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert b"100 Continue" not in answer
