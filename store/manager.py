@@ -28,10 +28,16 @@ from core.records import (
     Rejection,
     ResourceState,
     StoredResponse,
+    stored_path,
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
 from store.rows import effect_record, idempotency_record, lease_record
+
+# Distinct counted refusals kept per code before new kinds fold into its '<other>' row:
+# with about a dozen codes and 256-character paths the table stays well under 1 MB.
+MAX_COUNTED_PER_CODE = 100
+OTHER_PATH = "<other>"
 
 
 @dataclass(frozen=True)
@@ -573,13 +579,48 @@ class Store:
 
         await self.connector.write(operation)
 
+    async def record_refusal_count(self, rejection: Rejection) -> None:
+        """Count a refusal of a request that identified no lease: one row per (code,
+        route, method, truncated path), its count and the first and last time seen.
+
+        Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind is counted
+        in that code's one '<other>' row (no route, method '*'): neither junk paths nor
+        junk methods can add rows past that, so the table stays bounded."""
+
+        async def operation(tx: Tx) -> None:
+            key = {
+                "code": rejection.code,
+                "route": rejection.route or "",
+                "method": rejection.method,
+                "path": stored_path(rejection.path),
+            }
+            if await tx.execute("bump_refusal_count", now=tx.now, **key):
+                return
+            kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
+            if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
+                key.update(route="", method="*", path=OTHER_PATH)
+            # An upsert, not an insert: another replica may have added the row since.
+            await tx.execute("upsert_refusal_count", now=tx.now, **key)
+
+        await self.connector.write(operation)
+
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
+        """Newest first: per-request rejections and, without a resource filter, the
+        counted refusals (which name no resource), at their last time seen."""
+
         async def operation(tx: Tx) -> list[Rejection]:
-            if resource is None:
-                rows = await tx.all("rejections", limit=limit)
-            else:
+            if resource is not None:
                 rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
-            return [Rejection(**row) for row in rows]
+                return [Rejection(**row) for row in rows]
+            found = [Rejection(**row) for row in await tx.all("rejections", limit=limit)]
+            counted = [
+                Rejection(**{**row, "route": row["route"] or None})
+                for row in await tx.all("refusal_counts", limit=limit)
+            ]
+            # Two bounded reads merged here rather than one UNION ordered in SQL, which
+            # the planner might answer by sorting the whole rejections table. sorted()
+            # is stable: at a tie the per-request rejection comes first.
+            return sorted(found + counted, key=lambda r: r.at, reverse=True)[:limit]
 
         return await self.connector.read(operation)
 
@@ -623,6 +664,11 @@ class Store:
                     "delete_expired_rejections",
                     horizon=tx.now - retention.rejections_s,
                     limit=retention.batch,
+                )
+                # Counted refusals not seen since the horizon go too. Not batched: the
+                # table is bounded (MAX_COUNTED_PER_CODE rows a code).
+                rejections += await tx.execute(
+                    "delete_expired_refusal_counts", horizon=tx.now - retention.rejections_s
                 )
             return Purged(effects, rejections)
 
@@ -910,7 +956,7 @@ async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
         at=tx.now,
         code=rejection.code,
         method=rejection.method,
-        path=rejection.path,
+        path=stored_path(rejection.path),
         route=rejection.route,
         resource=rejection.resource,
         holder=rejection.holder,
