@@ -53,42 +53,19 @@ class Runtime:
         epoch: int | None = None,
     ) -> None:
         self.metrics.count_refusal(code)
-        rejection = Rejection(
-            code=code,
-            method=request.method,
-            path=request.path,
-            route=route,
-            resource=resource,
-            holder=holder,
-            epoch=epoch,
-        )
         # A refusal that cannot be recorded is still a refusal: nothing was forwarded.
         with contextlib.suppress(StoreUnavailable):
-            if code in COUNTED_CODES and holder is None and epoch is None:
-                await self.store.record_refusal_count(rejection)
-            else:
-                await self.store.record_rejection(rejection)
-
-
-# Refusals anyone can cause without a valid credential (issue 8, item 1): when they
-# name no lease they are counted per (code, route, method, truncated path) rather than
-# stored one row per request, which would let a client without a token fill the disk.
-# Refusals naming a lease (stale_epoch, lease_expired, ...) are evidence about a worker
-# and stay one row each, with holder and epoch.
-COUNTED_CODES = frozenset(
-    {
-        ErrorCode.NO_ROUTE,
-        ErrorCode.MISSING_TOKEN,
-        ErrorCode.INVALID_TOKEN,
-        ErrorCode.UNAUTHORIZED,
-        ErrorCode.METHOD_NOT_ALLOWED,
-        ErrorCode.URI_TOO_LONG,
-        ErrorCode.INVALID_REQUEST,
-        ErrorCode.PAYLOAD_TOO_LARGE,
-        ErrorCode.HEADERS_TOO_LARGE,
-        ErrorCode.REQUEST_TIMEOUT,
-    }
-)
+            await self.store.record_rejection(
+                Rejection(
+                    code=code,
+                    method=request.method,
+                    path=request.path,
+                    route=route,
+                    resource=resource,
+                    holder=holder,
+                    epoch=epoch,
+                )
+            )
 
 
 RUNTIME = web.AppKey("runtime", Runtime)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import fencing, lifecycle
+from core.codes import ErrorCode
 from core.fencing import AdmissionRequest, Admit, Grant, Replay
 from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
@@ -38,6 +39,25 @@ from store.rows import effect_record, idempotency_record, lease_record
 # with about a dozen codes and 256-character paths the table stays well under 1 MB.
 MAX_COUNTED_PER_CODE = 100
 OTHER_PATH = "<other>"
+
+# Refusals anyone can cause without a valid credential: counted when they name no lease
+# (`counted` below). missing_idempotency_key is checked before the token is looked up,
+# so a well-formed forged token is enough to cause it.
+COUNTED_CODES = frozenset(
+    {
+        ErrorCode.NO_ROUTE,
+        ErrorCode.MISSING_TOKEN,
+        ErrorCode.INVALID_TOKEN,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.URI_TOO_LONG,
+        ErrorCode.MISSING_IDEMPOTENCY_KEY,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.HEADERS_TOO_LARGE,
+        ErrorCode.REQUEST_TIMEOUT,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -251,7 +271,9 @@ class Store:
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):
-                await _insert_rejection(
+                # A token that matches no lease (forged, yet well formed) is counted
+                # like any other refusal naming no lease; the others name one.
+                await _record_refusal(
                     tx,
                     Rejection(
                         code=decision.code,
@@ -574,33 +596,11 @@ class Store:
     # -- refusals and housekeeping -------------------------------------------
 
     async def record_rejection(self, rejection: Rejection) -> None:
-        async def operation(tx: Tx) -> None:
-            await _insert_rejection(tx, rejection)
-
-        await self.connector.write(operation)
-
-    async def record_refusal_count(self, rejection: Rejection) -> None:
-        """Count a refusal of a request that identified no lease: one row per (code,
-        route, method, truncated path), its count and the first and last time seen.
-
-        Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind is counted
-        in that code's one '<other>' row (no route, method '*'): neither junk paths nor
-        junk methods can add rows past that, so the table stays bounded."""
+        """Record a refusal: counted when it names no lease and anyone could have
+        caused it (`counted`), else one row of its own."""
 
         async def operation(tx: Tx) -> None:
-            key = {
-                "code": rejection.code,
-                "route": rejection.route or "",
-                "method": rejection.method,
-                "path": stored_path(rejection.path),
-            }
-            if await tx.execute("bump_refusal_count", now=tx.now, **key):
-                return
-            kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
-            if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
-                key.update(route="", method="*", path=OTHER_PATH)
-            # An upsert, not an insert: another replica may have added the row since.
-            await tx.execute("upsert_refusal_count", now=tx.now, **key)
+            await _record_refusal(tx, rejection)
 
         await self.connector.write(operation)
 
@@ -948,6 +948,41 @@ async def _insert_event(
         conclusion=conclusion,
         detail=detail,
     )
+
+
+def counted(rejection: Rejection) -> bool:
+    """Whether a refusal is counted rather than kept as a row of its own (issue 8,
+    item 1): its code is one anyone can cause without a valid credential and it
+    names no lease. One row per request of those would let a client without a token
+    fill the disk; a refusal naming a lease is evidence about a worker and is kept."""
+    return rejection.code in COUNTED_CODES and rejection.holder is None and rejection.epoch is None
+
+
+async def _record_refusal(tx: Tx, rejection: Rejection) -> None:
+    if counted(rejection):
+        await _count_refusal(tx, rejection)
+    else:
+        await _insert_rejection(tx, rejection)
+
+
+async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
+    """One row per (code, route, method, truncated path): its count and the first and
+    last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind
+    is counted in that code's one '<other>' row (no route, method '*'): neither junk
+    paths nor junk methods can add rows past that, so the table stays bounded."""
+    key = {
+        "code": rejection.code,
+        "route": rejection.route or "",
+        "method": rejection.method,
+        "path": stored_path(rejection.path),
+    }
+    if await tx.execute("bump_refusal_count", now=tx.now, **key):
+        return
+    kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
+    if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
+        key.update(route="", method="*", path=OTHER_PATH)
+    # An upsert, not an insert: another replica may have added the row since.
+    await tx.execute("upsert_refusal_count", now=tx.now, **key)
 
 
 async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:

@@ -397,6 +397,11 @@ async def test_bad_input_is_refused_without_effect(prepared: tuple[Fence, str], 
     assert newest["code"] == case.code
     assert newest["method"] == case.method
     assert rejections_after[1:] == rejections_before
+    # None of these names a lease, so each is counted rather than kept as its own row
+    # (issue 8, item 1): anyone can send them, and one row each would fill the disk.
+    assert newest["count"] == 1
+    assert sqlite_rows(fence.db_path, "SELECT code FROM rejections") == []
+    assert sqlite_rows(fence.db_path, "SELECT code, count FROM refusal_counts") == [(case.code, 1)]
     assert_no_secret_stored(fence, token)
 
 

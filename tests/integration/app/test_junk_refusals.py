@@ -11,6 +11,7 @@ PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -24,6 +25,7 @@ from store import Purged
 from store.manager import MAX_COUNTED_PER_CODE, OTHER_PATH
 from tests.integration.app import backends
 from tests.integration.app.conftest import Fence, assert_problem
+from tests.integration.app.test_cli_and_admin_api import cli_main
 
 JUNK = "x" * 3000  # a few KB of path per request
 DAY = 86400.0
@@ -120,6 +122,7 @@ async def test_a_refusal_naming_a_lease_is_still_one_row_with_holder_and_epoch(
     assert [(r["code"], r["count"], r["holder"]) for r in listed] == [
         ("stale_epoch", 1, lease["holder"])
     ] * 2
+    assert all(r["first_seen"] == r["at"] for r in listed)
 
 
 async def test_a_request_target_over_8_kib_is_414_and_counted(fence: Fence) -> None:
@@ -135,12 +138,15 @@ async def test_a_request_target_over_8_kib_is_414_and_counted(fence: Fence) -> N
 
 async def test_a_stored_path_is_truncated_in_a_per_request_rejection_too(fence: Fence) -> None:
     long_path = "/orders/" + "w" * 5000
+    # A code that is counted when it names no lease: this one names one, so it is a row.
     await fence.store.record_rejection(
-        Rejection(code="stale_epoch", method="POST", path=long_path, holder="a", epoch=1)
+        Rejection(code="invalid_request", method="POST", path=long_path, holder="a", epoch=1)
     )
 
-    [(path,)] = await fence.rows("SELECT path FROM rejections")
+    assert await fence.rows("SELECT count(*) FROM refusal_counts") == [(0,)]
+    [(path, holder)] = await fence.rows("SELECT path, holder FROM rejections")
     assert path == long_path[:STORED_PATH_CHARS] + TRUNCATED_MARK
+    assert holder == "a"
 
 
 async def test_counted_refusals_not_seen_since_the_horizon_are_collected(fence: Fence) -> None:
@@ -152,3 +158,20 @@ async def test_counted_refusals_not_seen_since_the_horizon_are_collected(fence: 
 
     assert purged == Purged(effects=0, rejections=1)
     assert await fence.rows("SELECT code FROM refusal_counts") == [("no_route",)]
+
+
+async def test_the_cli_lists_counted_refusals_with_their_count(fence: Fence) -> None:
+    assert fence.config_path is not None
+    for _ in range(3):
+        await assert_problem(await fence.client.delete("/junk"), 404, "no_route")
+
+    listed = await asyncio.to_thread(
+        cli_main, str(fence.config_path), "effects", "rejections", "--json"
+    )
+    table = await asyncio.to_thread(cli_main, str(fence.config_path), "effects", "rejections")
+
+    assert json.loads(listed.out) == await fence.rejections()
+    header, row = table.out.splitlines()
+    assert header.split()[-1] == "count"
+    assert row.split()[-1] == "3"
+    assert "DELETE /junk" in row
