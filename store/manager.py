@@ -605,17 +605,23 @@ class Store:
         await self.connector.write(operation)
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
-        """Newest first: per-request rejections and, without a resource filter, the
-        counted refusals (which name no resource), at their last time seen."""
+        """Newest first: per-request rejections and counted refusals (at their last
+        time seen), all of them or those of `resource`."""
 
         async def operation(tx: Tx) -> list[Rejection]:
-            if resource is not None:
+            if resource is None:
+                rows = await tx.all("rejections", limit=limit)
+                counts = await tx.all("refusal_counts", limit=limit)
+            else:
                 rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
-                return [Rejection(**row) for row in rows]
-            found = [Rejection(**row) for row in await tx.all("rejections", limit=limit)]
+                counts = await tx.all("refusal_counts_of_resource", resource=resource, limit=limit)
+            found = [Rejection(**row) for row in rows]
+            # '' stands for "none" in the counted rows' key (see the migration).
             counted = [
-                Rejection(**{**row, "route": row["route"] or None})
-                for row in await tx.all("refusal_counts", limit=limit)
+                Rejection(
+                    **{**row, "route": row["route"] or None, "resource": row["resource"] or None}
+                )
+                for row in counts
             ]
             # Two bounded reads merged here rather than one UNION ordered in SQL, which
             # the planner might answer by sorting the whole rejections table. sorted()
@@ -968,11 +974,13 @@ async def _record_refusal(tx: Tx, rejection: Rejection) -> None:
 async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
     """One row per (code, route, method, truncated path): its count and the first and
     last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind
-    is counted in that code's one '<other>' row (no route, method '*'): neither junk
-    paths nor junk methods can add rows past that, so the table stays bounded."""
+    is counted in that code's one '<other>' row (no route or resource, method '*'):
+    neither junk paths nor junk methods can add rows past that, so the table stays
+    bounded."""
     key = {
         "code": rejection.code,
         "route": rejection.route or "",
+        "resource": rejection.resource or "",
         "method": rejection.method,
         "path": stored_path(rejection.path),
     }
@@ -980,7 +988,7 @@ async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
         return
     kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
     if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
-        key.update(route="", method="*", path=OTHER_PATH)
+        key.update(route="", resource="", method="*", path=OTHER_PATH)
     # An upsert, not an insert: another replica may have added the row since.
     await tx.execute("upsert_refusal_count", now=tx.now, **key)
 

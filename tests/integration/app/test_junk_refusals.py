@@ -1,7 +1,7 @@
 """Refusals anyone can cause without a token cannot fill the disk (issue 8, item 1).
 
 A refusal that names no lease (no_route, missing_token, invalid_token, ...) is counted
-in `refusal_counts`, one row per (code, route, method, truncated path); past
+in `refusal_counts`, one row per (code, route, resource, method, truncated path); past
 MAX_COUNTED_PER_CODE kinds a code's new ones fold into its '<other>' row. A refusal
 naming a lease stays one `rejections` row with holder and epoch. Every stored path is
 truncated, and a request target over 8 KiB is `414 uri_too_long`. On SQLite and
@@ -103,8 +103,11 @@ async def test_ten_thousand_junk_refusals_grow_the_store_by_under_a_megabyte(
     widget = next(r for r in listed if r["path"] == "/orders/widget")
     assert widget["count"] == 3000
     assert widget["route"] == "place-order"
-    assert widget["holder"] is None and widget["resource"] is None
+    assert widget["resource"] == "supplier:widget"
+    assert widget["holder"] is None and widget["epoch"] is None
     assert widget["first_seen"] <= widget["at"]
+    # And ?resource= finds it: the counted rows keep the resource their path names.
+    assert await fence.rejections(resource="supplier:widget") == [widget]
 
 
 async def test_a_refusal_naming_a_lease_is_still_one_row_with_holder_and_epoch(
