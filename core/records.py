@@ -191,7 +191,7 @@ class Rejection:
     epoch: int | None = None
     fingerprint: str | None = None
     at: float = 0.0
-    # A counted refusal (store/manager.py `record_refusal_count`) stands for `count`
+    # A counted refusal (store/manager.py `_count_refusal`) stands for `count`
     # requests seen from `first_seen` to `at`; a per-request rejection is 1 at `at`.
     count: int = 1
     first_seen: float | None = None

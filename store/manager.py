@@ -972,7 +972,7 @@ async def _record_refusal(tx: Tx, rejection: Rejection) -> None:
 
 
 async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
-    """One row per (code, route, method, truncated path): its count and the first and
+    """One row per (code, route, resource, method, truncated path): its count, first and
     last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind
     is counted in that code's one '<other>' row (no route or resource, method '*'):
     neither junk paths nor junk methods can add rows past that, so the table stays
