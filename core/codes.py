@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     CONFLICTING_EVIDENCE = "conflicting_evidence"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     HEADERS_TOO_LARGE = "headers_too_large"
+    URI_TOO_LONG = "uri_too_long"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     RESOURCE_BLOCKED = "resource_blocked"
     INTERNAL_ERROR = "internal_error"
@@ -142,6 +143,9 @@ _PROBLEMS = {
     ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
     ErrorCode.HEADERS_TOO_LARGE: _Problem(
         431, "Request headers too large", "one header over 8 KiB or all over 32 KiB"
+    ),
+    ErrorCode.URI_TOO_LONG: _Problem(
+        414, "Request target too long", "the request target (path and query) is over 8 KiB"
     ),
     ErrorCode.IDEMPOTENCY_KEY_REUSED: _Problem(
         422,

@@ -162,6 +162,20 @@ class EffectRecord:
         }
 
 
+# A stored path is cut to this many characters, then marked: a request target may be
+# up to 8 KiB (proxy/requests.py MAX_TARGET) and every refusal stores its path, so an
+# untruncated path would let each refused request write kilobytes (issue 8, item 1).
+STORED_PATH_CHARS = 256
+TRUNCATED_MARK = "…"
+
+
+def stored_path(path: str) -> str:
+    """`path` as a rejection stores it: at most STORED_PATH_CHARS, then the mark."""
+    if len(path) <= STORED_PATH_CHARS:
+        return path
+    return path[:STORED_PATH_CHARS] + TRUNCATED_MARK
+
+
 @dataclass(frozen=True)
 class Rejection:
     """A refused request. Never a body, a token or an Authorization header.
@@ -177,10 +191,16 @@ class Rejection:
     epoch: int | None = None
     fingerprint: str | None = None
     at: float = 0.0
+    # A counted refusal (store/manager.py `_count_refusal`) stands for `count`
+    # requests seen from `first_seen` to `at`; a per-request rejection is 1 at `at`.
+    count: int = 1
+    first_seen: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "at": self.at,
+            "first_seen": self.at if self.first_seen is None else self.first_seen,
+            "count": self.count,
             "code": self.code,
             "method": self.method,
             "path": self.path,

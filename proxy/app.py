@@ -24,6 +24,7 @@ from proxy.problems import ProblemError, problem
 from proxy.requests import (
     BODY_TIMEOUT,
     check_header_sizes,
+    check_target_size,
     defer_continue,
     read_body,
 )
@@ -218,6 +219,7 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
 async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every refusal is problem+json; an unexpected error is still one, never a bare 500."""
     try:
+        check_target_size(request)
         check_header_sizes(request)
         return await handler(request)
     except ProblemError as exc:

@@ -446,10 +446,11 @@ def _rejections(args: argparse.Namespace) -> int:
             r.resource or "-",
             r.holder or "-",
             str(r.epoch or "-"),
+            str(r.count),
         ]
         for r in found
     ]
-    header = ["at", "code", "request", "route", "resource", "holder", "epoch"]
+    header = ["at", "code", "request", "route", "resource", "holder", "epoch", "count"]
     _print(args, [r.as_json() for r in found], rows, header)
     return 0
 

@@ -17,6 +17,9 @@ from proxy.problems import ProblemError
 MAX_CONTROL_BODY = 65536
 MAX_HEADER_VALUE = 8192
 MAX_HEADER_TOTAL = 32768
+# No route of ours needs a longer target, and every refusal stores the path: over this,
+# 414 before anything is matched (aiohttp's own line limit, 64 KiB, is further out).
+MAX_TARGET = 8192
 # Printable ASCII without spaces: keys end up in logs, probe URLs and tables.
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}\Z")
 # Seconds a client has to send a request's body once its headers arrived (the policy's
@@ -30,6 +33,11 @@ def single_header(request: web.Request, name: str) -> str | None:
     if len(values) > 1:
         raise ProblemError(ErrorCode.INVALID_REQUEST, f"the {name} header appears more than once")
     return values[0] if values else None
+
+
+def check_target_size(request: web.Request) -> None:
+    if len(request.raw_path) > MAX_TARGET:
+        raise ProblemError(ErrorCode.URI_TOO_LONG, f"the request target is over {MAX_TARGET} bytes")
 
 
 def check_header_sizes(request: web.Request) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import fencing, lifecycle
+from core.codes import ErrorCode
 from core.fencing import AdmissionRequest, Admit, Grant, Replay
 from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
@@ -28,10 +29,35 @@ from core.records import (
     Rejection,
     ResourceState,
     StoredResponse,
+    stored_path,
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
 from store.rows import effect_record, idempotency_record, lease_record
+
+# Distinct counted refusals kept per code before new kinds fold into its '<other>' row:
+# with about a dozen codes and 256-character paths the table stays well under 1 MB.
+MAX_COUNTED_PER_CODE = 100
+OTHER_PATH = "<other>"
+
+# Refusals anyone can cause without a valid credential: counted when they name no lease
+# (`counted` below). missing_idempotency_key is checked before the token is looked up,
+# so a well-formed forged token is enough to cause it.
+COUNTED_CODES = frozenset(
+    {
+        ErrorCode.NO_ROUTE,
+        ErrorCode.MISSING_TOKEN,
+        ErrorCode.INVALID_TOKEN,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.URI_TOO_LONG,
+        ErrorCode.MISSING_IDEMPOTENCY_KEY,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.HEADERS_TOO_LARGE,
+        ErrorCode.REQUEST_TIMEOUT,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -245,7 +271,9 @@ class Store:
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):
-                await _insert_rejection(
+                # A token that matches no lease (forged, yet well formed) is counted
+                # like any other refusal naming no lease; the others name one.
+                await _record_refusal(
                     tx,
                     Rejection(
                         code=decision.code,
@@ -568,18 +596,37 @@ class Store:
     # -- refusals and housekeeping -------------------------------------------
 
     async def record_rejection(self, rejection: Rejection) -> None:
+        """Record a refusal: counted when it names no lease and anyone could have
+        caused it (`counted`), else one row of its own."""
+
         async def operation(tx: Tx) -> None:
-            await _insert_rejection(tx, rejection)
+            await _record_refusal(tx, rejection)
 
         await self.connector.write(operation)
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
+        """Newest first: per-request rejections and counted refusals (at their last
+        time seen), all of them or those of `resource`."""
+
         async def operation(tx: Tx) -> list[Rejection]:
             if resource is None:
                 rows = await tx.all("rejections", limit=limit)
+                counts = await tx.all("refusal_counts", limit=limit)
             else:
                 rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
-            return [Rejection(**row) for row in rows]
+                counts = await tx.all("refusal_counts_of_resource", resource=resource, limit=limit)
+            found = [Rejection(**row) for row in rows]
+            # '' stands for "none" in the counted rows' key (see the migration).
+            counted = [
+                Rejection(
+                    **{**row, "route": row["route"] or None, "resource": row["resource"] or None}
+                )
+                for row in counts
+            ]
+            # Two bounded reads merged here rather than one UNION ordered in SQL, which
+            # the planner might answer by sorting the whole rejections table. sorted()
+            # is stable: at a tie the per-request rejection comes first.
+            return sorted(found + counted, key=lambda r: r.at, reverse=True)[:limit]
 
         return await self.connector.read(operation)
 
@@ -623,6 +670,11 @@ class Store:
                     "delete_expired_rejections",
                     horizon=tx.now - retention.rejections_s,
                     limit=retention.batch,
+                )
+                # Counted refusals not seen since the horizon go too. Not batched: the
+                # table is bounded (MAX_COUNTED_PER_CODE rows a code).
+                rejections += await tx.execute(
+                    "delete_expired_refusal_counts", horizon=tx.now - retention.rejections_s
                 )
             return Purged(effects, rejections)
 
@@ -904,13 +956,50 @@ async def _insert_event(
     )
 
 
+def counted(rejection: Rejection) -> bool:
+    """Whether a refusal is counted rather than kept as a row of its own (issue 8,
+    item 1): its code is one anyone can cause without a valid credential and it
+    names no lease. One row per request of those would let a client without a token
+    fill the disk; a refusal naming a lease is evidence about a worker and is kept."""
+    return rejection.code in COUNTED_CODES and rejection.holder is None and rejection.epoch is None
+
+
+async def _record_refusal(tx: Tx, rejection: Rejection) -> None:
+    if counted(rejection):
+        await _count_refusal(tx, rejection)
+    else:
+        await _insert_rejection(tx, rejection)
+
+
+async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
+    """One row per (code, route, resource, method, truncated path): its count, first and
+    last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind
+    is counted in that code's one '<other>' row (no route or resource, method '*'):
+    neither junk paths nor junk methods can add rows past that, so the table stays
+    bounded."""
+    key = {
+        "code": rejection.code,
+        "route": rejection.route or "",
+        "resource": rejection.resource or "",
+        "method": rejection.method,
+        "path": stored_path(rejection.path),
+    }
+    if await tx.execute("bump_refusal_count", now=tx.now, **key):
+        return
+    kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
+    if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
+        key.update(route="", resource="", method="*", path=OTHER_PATH)
+    # An upsert, not an insert: another replica may have added the row since.
+    await tx.execute("upsert_refusal_count", now=tx.now, **key)
+
+
 async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
     await tx.execute(
         "insert_rejection",
         at=tx.now,
         code=rejection.code,
         method=rejection.method,
-        path=rejection.path,
+        path=stored_path(rejection.path),
         route=rejection.route,
         resource=rejection.resource,
         holder=rejection.holder,

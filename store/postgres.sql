@@ -147,6 +147,34 @@ ORDER BY created_at DESC LIMIT :limit
 INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, fingerprint)
 VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
 
+-- bump_refusal_count --
+UPDATE refusal_counts SET count = count + 1, last_seen = :now
+WHERE code = :code AND route = :route AND resource = :resource AND method = :method
+  AND path = :path
+
+-- refusal_kinds_of_code --
+SELECT count(*) AS n FROM refusal_counts WHERE code = :code
+
+-- upsert_refusal_count --
+INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
+VALUES (:code, :route, :resource, :method, :path, :now, :now, 1)
+ON CONFLICT (code, route, resource, method, path)
+DO UPDATE SET count = refusal_counts.count + 1, last_seen = excluded.last_seen
+
+-- refusal_counts --
+-- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.
+SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
+FROM refusal_counts
+ORDER BY last_seen DESC LIMIT :limit
+
+-- refusal_counts_of_resource --
+SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
+FROM refusal_counts WHERE resource = :resource
+ORDER BY last_seen DESC LIMIT :limit
+
+-- delete_expired_refusal_counts --
+DELETE FROM refusal_counts WHERE last_seen < :horizon
+
 -- rejections --
 SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
 ORDER BY id DESC LIMIT :limit
