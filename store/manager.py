@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core import fencing, lifecycle
@@ -843,18 +843,29 @@ async def _apply(
             + (f"; its key is now held by {key_holder}" if key_holder else "")
         )
     moved = step.next is not before.state
+    after = before
     if moved:
         settles = step.next not in lifecycle.BLOCKING
-        changed = await tx.execute(
-            "transition_effect",
-            id=effect_id,
-            expected=before.state.value,
-            state=step.next.value,
+        # What the guarded update writes, so the caller gets the effect without a re-read.
+        after = replace(
+            before,
+            state=step.next,
             finished_at=tx.now if receipt or settles else before.finished_at,
             upstream_status=upstream_status if receipt else before.upstream_status,
             reason=detail,
             settled_by=settled_by if step.record is Record.SETTLED else before.settled_by,
             next_probe_at=tx.now if step.next is EffectState.UNKNOWN else None,
+        )
+        changed = await tx.execute(
+            "transition_effect",
+            id=effect_id,
+            expected=before.state.value,
+            state=after.state.value,
+            finished_at=after.finished_at,
+            upstream_status=after.upstream_status,
+            reason=after.reason,
+            settled_by=after.settled_by,
+            next_probe_at=after.next_probe_at,
         )
         if changed != 1:
             raise StoreError(f"{effect_id} changed under its resource's lock; nothing recorded")
@@ -870,7 +881,6 @@ async def _apply(
                 inconclusive = event is Event.PROBE_INCONCLUSIVE
                 conclusion = "inconclusive" if inconclusive else step.next.value.lower()
         await _insert_event(tx, effect_id, kind, actor, upstream_status, conclusion, detail)
-    after = effect_record(await _effect_row(tx, effect_id)) if moved else before
     return _Step(step, after, moved, key_holder)
 
 
