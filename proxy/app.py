@@ -36,6 +36,8 @@ from store import Store, StoreUnavailable, open_store
 log = logging.getLogger("fenceproxy")
 
 GC_INTERVAL_S = 60.0
+# How stale the stored counts of refusals without a credential may be (store/tally.py).
+REFUSAL_FLUSH_INTERVAL_S = 1.0
 
 
 def new_instance_id() -> str:
@@ -70,6 +72,7 @@ def build_app(
             _store_ctx,
             _client_ctx,
             _garbage_collector_ctx,
+            _refusal_counts_ctx,
             _retention_ctx,
             _reconciler_ctx,
         ]
@@ -138,6 +141,28 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(GC_INTERVAL_S)
 
     task = asyncio.create_task(collect_forever(), name="idempotency-gc")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Write the refusals counted in memory (store/tally.py) every second; the store
+    writes what is left when it closes."""
+
+    async def flush_forever() -> None:
+        while True:
+            await asyncio.sleep(REFUSAL_FLUSH_INTERVAL_S)
+            try:
+                await app[RUNTIME].store.flush_refusal_counts()
+            except StoreUnavailable as exc:
+                log.warning("writing the counted refusals failed: %s", exc)
+            except Exception:
+                app[RUNTIME].metrics.count_background_failure("refusal-counts")
+                log.exception("writing the counted refusals failed")
+
+    task = asyncio.create_task(flush_forever(), name="refusal-counts")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -9,8 +9,10 @@ which database answers.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,11 +36,13 @@ from core.records import (
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
 from store.rows import effect_record, idempotency_record, lease_record
+from store.tally import CountKey, RefusalTally
+
+log = logging.getLogger(__name__)
 
 # Distinct counted refusals kept per code before new kinds fold into its '<other>' row:
 # with about a dozen codes and 256-character paths the table stays well under 1 MB.
 MAX_COUNTED_PER_CODE = 100
-OTHER_PATH = "<other>"
 
 # Refusals anyone can cause without a valid credential: counted when they name no lease
 # (`counted` below). missing_idempotency_key is checked before the token is looked up,
@@ -145,11 +149,17 @@ class Store:
     def __init__(self, connector: Connector, instance_id: str) -> None:
         self.connector = connector
         self.instance_id = instance_id
+        # Refusals counted since the last flush_refusal_counts (store/tally.py).
+        self.refusal_tally = RefusalTally(MAX_COUNTED_PER_CODE)
 
     async def open(self) -> None:
         await self.connector.open()
 
     async def close(self) -> None:
+        try:
+            await self.flush_refusal_counts()
+        except StoreError:
+            log.warning("refusals counted since the last write are lost: the store failed")
         await self.connector.close()
 
     # -- leases ---------------------------------------------------------------
@@ -247,8 +257,16 @@ class Store:
 
     async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:
         """Check the token and record the effect as DISPATCHING, in one transaction."""
+        decided = await self.connector.write(self._admission(token_hash, new))
+        if isinstance(decided, _Counted):
+            self.refusal_tally.add(_count_key(decided.rejection))
+            return decided.refusal
+        return decided
 
-        async def operation(tx: Tx) -> Admitted | Replay | Refusal:
+    def _admission(
+        self, token_hash: str, new: NewEffect
+    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted]]:
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted:
             lease, state = await _lease_and_state(tx, token_hash)
             if lease is not None and lease.resource != new.resource:
                 state = None
@@ -271,22 +289,22 @@ class Store:
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):
-                # A token that matches no lease (forged, yet well formed) is counted
-                # like any other refusal naming no lease; the others name one.
-                await _record_refusal(
-                    tx,
-                    Rejection(
-                        code=decision.code,
-                        method=new.method,
-                        path=new.path,
-                        route=new.route,
-                        resource=new.resource,
-                        holder=lease.holder if lease else None,
-                        epoch=lease.epoch if lease else None,
-                        fingerprint=new.fingerprint,
-                    ),
+                rejection = Rejection(
+                    code=decision.code,
+                    method=new.method,
+                    path=new.path,
+                    route=new.route,
+                    resource=new.resource,
+                    holder=lease.holder if lease else None,
+                    epoch=lease.epoch if lease else None,
+                    fingerprint=new.fingerprint,
                 )
-                return decision
+                # A token that matches no lease (forged, yet well formed) is counted
+                # like any other refusal naming no lease, once the transaction is
+                # over (a retried transaction must not count it twice).
+                if not counted(rejection):
+                    await _insert_rejection(tx, rejection)
+                return _Counted(decision, rejection) if counted(rejection) else decision
             assert isinstance(decision, Admit) and lease is not None
             effect = EffectRecord(
                 id=_new_effect_id(),
@@ -336,7 +354,7 @@ class Store:
                 )
             return Admitted(effect, decision.resends)
 
-        return await self.connector.write(operation)
+        return operation
 
     async def finish_effect(
         self,
@@ -597,16 +615,42 @@ class Store:
 
     async def record_rejection(self, rejection: Rejection) -> None:
         """Record a refusal: counted when it names no lease and anyone could have
-        caused it (`counted`), else one row of its own."""
+        caused it (`counted`; written by the next flush_refusal_counts), else one row
+        of its own."""
+        if counted(rejection):
+            self.refusal_tally.add(_count_key(rejection))
+            return
 
         async def operation(tx: Tx) -> None:
-            await _record_refusal(tx, rejection)
+            await _insert_rejection(tx, rejection)
 
         await self.connector.write(operation)
 
+    async def flush_refusal_counts(self) -> int:
+        """Write the refusals counted since the last flush, in one transaction; how
+        many kinds were written. Their first and last time seen are the flush's, so
+        they are as exact as the flushes are frequent. On failure they are counted
+        again for the next flush."""
+        taken = self.refusal_tally.take()
+        if not taken:
+            return 0
+
+        async def operation(tx: Tx) -> int:
+            for key, n in taken.items():
+                await _add_to_refusal_count(tx, key, n)
+            return len(taken)
+
+        try:
+            return await self.connector.write(operation)
+        except BaseException:
+            self.refusal_tally.give_back(taken)
+            raise
+
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
         """Newest first: per-request rejections and counted refusals (at their last
-        time seen), all of them or those of `resource`."""
+        time seen), all of them or those of `resource`. This instance's counts are
+        written first; another replica's are as of its last flush."""
+        await self.flush_refusal_counts()
 
         async def operation(tx: Tx) -> list[Rejection]:
             if resource is None:
@@ -974,33 +1018,46 @@ def counted(rejection: Rejection) -> bool:
     return rejection.code in COUNTED_CODES and rejection.holder is None and rejection.epoch is None
 
 
-async def _record_refusal(tx: Tx, rejection: Rejection) -> None:
-    if counted(rejection):
-        await _count_refusal(tx, rejection)
-    else:
-        await _insert_rejection(tx, rejection)
+@dataclass(frozen=True)
+class _Counted:
+    """An admission refused with a refusal to count once its transaction is over."""
+
+    refusal: Refusal
+    rejection: Rejection
 
 
-async def _count_refusal(tx: Tx, rejection: Rejection) -> None:
+def _count_key(rejection: Rejection) -> CountKey:
+    return CountKey(
+        code=rejection.code,
+        route=rejection.route or "",
+        resource=rejection.resource or "",
+        method=rejection.method,
+        path=stored_path(rejection.path),
+    )
+
+
+async def _add_to_refusal_count(tx: Tx, key: CountKey, n: int) -> None:
     """One row per (code, route, resource, method, truncated path): its count, first and
-    last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a request of a new kind
-    is counted in that code's one '<other>' row (no route or resource, method '*'):
-    neither junk paths nor junk methods can add rows past that, so the table stays
-    bounded."""
-    key = {
-        "code": rejection.code,
-        "route": rejection.route or "",
-        "resource": rejection.resource or "",
-        "method": rejection.method,
-        "path": stored_path(rejection.path),
+    last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a new kind is counted in
+    that code's one '<other>' row (no route or resource, method '*'): neither junk
+    paths nor junk methods can add rows past that, so the table stays bounded."""
+    fields = {
+        "code": key.code,
+        "route": key.route,
+        "resource": key.resource,
+        "method": key.method,
+        "path": key.path,
     }
-    if await tx.execute("bump_refusal_count", now=tx.now, **key):
+    if await tx.execute("bump_refusal_count", now=tx.now, n=n, **fields):
         return
-    kinds = await tx.one("refusal_kinds_of_code", code=rejection.code)
+    kinds = await tx.one("refusal_kinds_of_code", code=key.code)
     if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
-        key.update(route="", resource="", method="*", path=OTHER_PATH)
+        other = key.other()
+        fields.update(
+            route=other.route, resource=other.resource, method=other.method, path=other.path
+        )
     # An upsert, not an insert: another replica may have added the row since.
-    await tx.execute("upsert_refusal_count", now=tx.now, **key)
+    await tx.execute("upsert_refusal_count", now=tx.now, n=n, **fields)
 
 
 async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:

@@ -148,7 +148,7 @@ INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, 
 VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
 
 -- bump_refusal_count --
-UPDATE refusal_counts SET count = count + 1, last_seen = :now
+UPDATE refusal_counts SET count = count + :n, last_seen = :now
 WHERE code = :code AND route = :route AND resource = :resource AND method = :method
   AND path = :path
 
@@ -157,9 +157,9 @@ SELECT count(*) AS n FROM refusal_counts WHERE code = :code
 
 -- upsert_refusal_count --
 INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
-VALUES (:code, :route, :resource, :method, :path, :now, :now, 1)
+VALUES (:code, :route, :resource, :method, :path, :now, :now, :n)
 ON CONFLICT (code, route, resource, method, path)
-DO UPDATE SET count = refusal_counts.count + 1, last_seen = excluded.last_seen
+DO UPDATE SET count = refusal_counts.count + excluded.count, last_seen = excluded.last_seen
 
 -- refusal_counts --
 -- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.

@@ -15,17 +15,21 @@ import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
+import pytest
 from aiohttp import ClientResponse
 
 from core.records import STORED_PATH_CHARS, TRUNCATED_MARK, Rejection
 from policies import Retention
 from proxy.requests import MAX_TARGET
-from store import Purged
-from store.manager import MAX_COUNTED_PER_CODE, OTHER_PATH
+from store import Purged, StoreUnavailable
+from store.manager import MAX_COUNTED_PER_CODE
+from store.tally import OTHER_PATH
 from tests.integration.app import backends
-from tests.integration.app.conftest import Fence, assert_problem
+from tests.integration.app.conftest import FakeClock, Fence, assert_problem
 from tests.integration.app.test_cli_and_admin_api import cli_main
+from tests.integration.app.test_store_contract import running_store
 
 JUNK = "x" * 3000  # a few KB of path per request
 DAY = 86400.0
@@ -75,6 +79,7 @@ async def test_ten_thousand_junk_refusals_grow_the_store_by_under_a_megabyte(
     before = await store_bytes(fence)
 
     statuses = await in_batches(requests)
+    await fence.store.flush_refusal_counts()
 
     assert statuses == {404: 4000, 401: 4000, 400: 1000, 403: 1000}
     grown = await store_bytes(fence) - before
@@ -134,6 +139,7 @@ async def test_a_request_target_over_8_kib_is_414_and_counted(fence: Fence) -> N
     over = await fence.client.get(at_limit + "x")
     problem = await assert_problem(over, 414, "uri_too_long")
     assert "8192" in problem["detail"]
+    await fence.store.flush_refusal_counts()
 
     counted = await fence.rows("SELECT code, path, count FROM refusal_counts ORDER BY code")
     assert counted == [("no_route", "/junk", 1), ("uri_too_long", "/junk", 1)]
@@ -154,8 +160,10 @@ async def test_a_stored_path_is_truncated_in_a_per_request_rejection_too(fence: 
 
 async def test_counted_refusals_not_seen_since_the_horizon_are_collected(fence: Fence) -> None:
     await assert_problem(await fence.client.get("/_fence/v1/effects"), 401, "unauthorized")
+    await fence.store.flush_refusal_counts()
     fence.clock.advance(8 * DAY)
     await assert_problem(await fence.client.delete("/junk"), 404, "no_route")
+    await fence.store.flush_refusal_counts()
 
     purged = await fence.store.apply_retention(Retention(30 * DAY, 7 * DAY, 1000))
 
@@ -167,6 +175,8 @@ async def test_the_cli_lists_counted_refusals_with_their_count(fence: Fence) -> 
     assert fence.config_path is not None
     for _ in range(3):
         await assert_problem(await fence.client.delete("/junk"), 404, "no_route")
+    # The CLI's own store has counted nothing; the proxy's counts are written by now.
+    await fence.store.flush_refusal_counts()
 
     listed = await asyncio.to_thread(
         cli_main, str(fence.config_path), "effects", "rejections", "--json"
@@ -178,3 +188,53 @@ async def test_the_cli_lists_counted_refusals_with_their_count(fence: Fence) -> 
     assert header.split()[-1] == "count"
     assert row.split()[-1] == "3"
     assert "DELETE /junk" in row
+
+
+async def test_counted_refusals_cost_no_write_until_flushed_then_one_row_a_kind(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A flood of refusals without a credential is added up in memory: no write per
+    request (on PostgreSQL each would leave a dead row version until a vacuum), one
+    row a kind when flushed, and what is left is written when the store closes."""
+    widget = Rejection("missing_token", "POST", "/orders/widget", "place-order", "supplier:widget")
+    junk = Rejection("no_route", "DELETE", "/junk")
+    async with running_store(store_url, clock) as store:
+        for _ in range(1000):
+            await store.record_rejection(widget)
+        assert await backends.rows(store_url, "SELECT count(*) FROM refusal_counts") == [(0,)]
+
+        assert await store.flush_refusal_counts() == 1
+        assert await store.flush_refusal_counts() == 0
+        clock.advance(5.0)
+        await store.record_rejection(widget)
+        await store.record_rejection(junk)
+    # Closing wrote the last two.
+    rows = await backends.rows(
+        store_url, "SELECT code, method, path, count, first_seen, last_seen FROM refusal_counts"
+    )
+    widget_row, junk_row = sorted(rows)
+    assert widget_row[:4] == ("missing_token", "POST", "/orders/widget", 1001)
+    assert junk_row[:4] == ("no_route", "DELETE", "/junk", 1)
+    # Times are the flushes': the first count's and the close's, 5 s (or more) later.
+    assert widget_row[5] - widget_row[4] >= 5.0
+    assert junk_row[4] == junk_row[5] == widget_row[5]
+
+
+async def test_counts_a_failed_flush_took_are_written_by_the_next(
+    store_url: str, clock: FakeClock
+) -> None:
+    async with running_store(store_url, clock) as store:
+        await store.record_rejection(Rejection("no_route", "DELETE", "/junk"))
+        real_write = store.connector.write
+
+        async def failing_write(operation: Any) -> Any:
+            raise StoreUnavailable("the store went away")
+
+        store.connector.write = failing_write  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            await store.flush_refusal_counts()
+        store.connector.write = real_write  # type: ignore[method-assign]
+        await store.record_rejection(Rejection("no_route", "DELETE", "/junk"))
+
+        assert await store.flush_refusal_counts() == 1
+        assert await backends.rows(store_url, "SELECT count FROM refusal_counts") == [(2,)]
