@@ -60,6 +60,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -461,10 +462,18 @@ def make_app(db_path: str) -> web.Application:
     return app
 
 
-def demo_upstream_argv(port: int, db_path: str | Path, access_log: bool = True) -> list[str]:
-    """The command that runs this demo upstream in its own process on 127.0.0.1."""
+def demo_upstream_argv(
+    port: int,
+    db_path: str | Path,
+    access_log: bool = True,
+    tls: tuple[str | Path, str | Path] | None = None,
+) -> list[str]:
+    """The command that runs this demo upstream in its own process on 127.0.0.1;
+    `tls` (certificate, key) serves https instead of http."""
     argv = [sys.executable, "-m", "demo.upstream", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--db", str(db_path)]
+    if tls is not None:
+        argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     return argv if access_log else [*argv, "--no-access-log"]
 
 
@@ -480,7 +489,15 @@ def main() -> None:
     parser.add_argument(
         "--no-access-log", action="store_true", help="for benchmarks: no line per request"
     )
+    parser.add_argument("--tls-cert", help="serve https with this PEM certificate chain")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     args = parser.parse_args()
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     web.run_app(
@@ -488,6 +505,7 @@ def main() -> None:
         host=args.host,
         port=args.port,
         access_log=None if args.no_access_log else access_logger,
+        ssl_context=tls,
     )
 
 

@@ -21,6 +21,7 @@ from policies.model import (
     LeaseBounds,
     Limits,
     Listen,
+    ListenTLS,
     Outcome,
     Policy,
     Pool,
@@ -35,6 +36,7 @@ from policies.model import (
 from policies.nodes import ConfigError, Mapping, Node, Problem, Problems, compose
 from policies.store_backends import StoreBackend, store_backend
 from policies.templates import PathTemplate, StringTemplate, TemplateError
+from policies.tls import certificates_problem, key_problem
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _STATUS_PATTERN = re.compile(r"([1-5])xx\Z|([1-5][0-9][0-9])\Z")
@@ -45,10 +47,13 @@ def load_policy(path: str | Path) -> Policy:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [Problem(1, "<file>", f"cannot be read: {exc}")]) from exc
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path), Path(path).parent)
 
 
-def parse_policy(text: str, filename: str = "<policy>") -> Policy:
+def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = None) -> Policy:
+    """`base_dir` is what relative file paths in the policy (TLS files) are relative to:
+    the policy file's folder when loaded from a file, else the working directory."""
+    base = base_dir if base_dir is not None else Path()
     problems = Problems()
     root = Mapping(
         compose(text, filename),
@@ -72,12 +77,12 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
     version = version_node.scalar() if version_node is not None else 1
     if version_node is not None and (isinstance(version, bool) or version != 1):
         problems.add(version_node, f"only version 1 is known, got {version_node.describe()}")
-    listen = _parse_listen(root, problems)
+    listen = _parse_listen(root, problems, base)
     store = _parse_store(root, problems)
     pool = _parse_store_pool(root, problems)
     admin_env = root.text("admin_token_env", default=None)
     leases = _parse_leases(root, problems)
-    upstreams = _parse_upstreams(root, problems)
+    upstreams = _parse_upstreams(root, problems, base)
     routes = _parse_routes(root, problems, upstreams)
     retention = _parse_retention(root, problems, routes)
     limits = _parse_limits(root, problems)
@@ -86,16 +91,52 @@ def parse_policy(text: str, filename: str = "<policy>") -> Policy:
     return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool, retention, limits)
 
 
-def _parse_listen(root: Mapping, problems: Problems) -> Listen:
+def _parse_listen(root: Mapping, problems: Problems, base: Path) -> Listen:
     node = root.child("listen")
     if node is None:
         return Listen("127.0.0.1", 8080)
-    listen = Mapping(node, problems, {"host", "port"})
+    listen = Mapping(node, problems, {"host", "port", "tls"})
     host = listen.text("host", default="127.0.0.1")
     port = listen.number("port", default=8080, integer=True)
     if isinstance(port, int) and port > 65535:
         problems.add(listen.children["port"], f"not a TCP port: {port}")
-    return Listen(host or "127.0.0.1", port if isinstance(port, int) else 8080)
+    tls = _parse_listen_tls(listen, problems, base)
+    return Listen(host or "127.0.0.1", port if isinstance(port, int) else 8080, tls)
+
+
+def _parse_listen_tls(listen: Mapping, problems: Problems, base: Path) -> ListenTLS | None:
+    """`listen.tls: {cert, key, client_ca}`: PEM files, each proven to load here."""
+    node = listen.child("tls")
+    if node is None:
+        return None
+    block = Mapping(node, problems, {"cert", "key", "client_ca"})
+    if not block.valid:
+        return None
+    cert = _certificates_file(block, "cert", base, required=True)
+    key = _policy_file(block, "key", base, required=True)
+    client_ca = _certificates_file(block, "client_ca", base, required=False)
+    if cert is None or key is None:
+        return None
+    tls = ListenTLS(cert, key, client_ca)
+    problem = key_problem(tls)
+    if problem is not None:
+        problems.add(block.children["key"], problem)
+    return tls
+
+
+def _policy_file(block: Mapping, name: str, base: Path, required: bool) -> str | None:
+    """A file path under `name`, relative to the policy file's folder."""
+    raw = block.text(name) if required else block.text(name, default=None)
+    return str((base / raw).absolute()) if raw is not None else None
+
+
+def _certificates_file(block: Mapping, name: str, base: Path, required: bool) -> str | None:
+    path = _policy_file(block, name, base, required)
+    problem = certificates_problem(path) if path is not None else None
+    if problem is not None:
+        block.problems.add(block.children[name], problem)
+        return None
+    return path
 
 
 def _parse_store(root: Mapping, problems: Problems) -> str:
@@ -225,7 +266,7 @@ def _parse_pool(upstream: Mapping, problems: Problems) -> Pool:
     )
 
 
-def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
+def _parse_upstreams(root: Mapping, problems: Problems, base: Path) -> dict[str, Upstream]:
     node = root.child("upstreams", required=True)
     upstreams: dict[str, Upstream] = {}
     if node is None:
@@ -236,7 +277,9 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
     for name, child in node.items():
         if name in upstreams:
             problems.add(child, "upstream name appears twice")
-        upstream = Mapping(child, problems, {"url", "timeout_s", "connect_timeout_s", "pool"})
+        upstream = Mapping(
+            child, problems, {"url", "timeout_s", "connect_timeout_s", "pool", "ca_bundle"}
+        )
         url = upstream.text("url")
         timeout = upstream.number("timeout_s", default=10, minimum=0.001)
         connect = upstream.number("connect_timeout_s", default=2, minimum=0.001)
@@ -254,10 +297,22 @@ def _parse_upstreams(root: Mapping, problems: Problems) -> dict[str, Upstream]:
             float(timeout or 10),
             float(connect or 2),
             _parse_pool(upstream, problems),
+            _parse_ca_bundle(upstream, url, base),
         )
     if not upstreams:
         problems.add(node, "at least one upstream is needed")
     return upstreams
+
+
+def _parse_ca_bundle(upstream: Mapping, url: str | None, base: Path) -> str | None:
+    """An https upstream's `ca_bundle`: the CAs its certificate must chain to."""
+    bundle = _certificates_file(upstream, "ca_bundle", base, required=False)
+    if bundle is not None and url is not None and not url.lower().startswith("https://"):
+        upstream.problems.add(
+            upstream.children["ca_bundle"],
+            f"only an https url is verified with a CA bundle, and the url is {url!r}",
+        )
+    return bundle
 
 
 def _valid_http_url(url: str) -> bool:

@@ -29,9 +29,21 @@ class Outcome(Enum):
 
 
 @dataclass(frozen=True)
+class ListenTLS:
+    """The listener's certificate chain and private key (PEM files), and the CA that
+    every client certificate must chain to (mutual TLS), or None: no client
+    certificate asked for."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+@dataclass(frozen=True)
 class Listen:
     host: str
     port: int
+    tls: ListenTLS | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,9 @@ class Upstream:
     timeout_s: float
     connect_timeout_s: float
     pool: Pool = Pool()
+    # The only CAs an https upstream's certificate may chain to (PEM file); None: the
+    # system's trust store. Verification is never off.
+    ca_bundle: str | None = None
 
 
 @dataclass(frozen=True)

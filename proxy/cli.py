@@ -22,6 +22,7 @@ from aiohttp import web
 
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
+from policies.tls import server_context
 from proxy import operations
 from proxy.app import build_app, default_instance_id, new_instance_id
 from proxy.forwarding import new_client_session
@@ -242,9 +243,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     identity = IdentityCheck(memory_file(state_dir, default_instance_id(policy)), args.new_store)
     app = build_app(policy, admin_token=admin_token or None, identity=identity)
+    tls = policy.listen.tls
     print(
-        f"fenceproxy on http://{policy.listen.host}:{policy.listen.port} "
-        f"(store {policy.store}, admin API {'on' if admin_token else 'off'})",
+        f"fenceproxy on {'https' if tls else 'http'}://{policy.listen.host}:{policy.listen.port} "
+        f"(store {policy.store}, admin API {'on' if admin_token else 'off'}"
+        f"{_tls_summary(policy)})",
         flush=True,
     )
     web.run_app(
@@ -254,9 +257,17 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
         access_log=None,
         shutdown_timeout=args.grace,
+        ssl_context=server_context(tls) if tls is not None else None,
         **server_options(policy),
     )
     return 0
+
+
+def _tls_summary(policy: Policy) -> str:
+    tls = policy.listen.tls
+    if tls is None:
+        return ""
+    return ", mutual TLS" if tls.client_ca is not None else ", TLS"
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -267,7 +278,10 @@ def _check_config(args: argparse.Namespace) -> int:
         raise CommandError(f"{path}: no such file")
     policy = load_policy(path)
     fenced = sum(route.fenced for route in policy.routes)
-    print(f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store})")
+    print(
+        f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store}"
+        f"{_tls_summary(policy)})"
+    )
     return 0
 
 

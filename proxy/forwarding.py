@@ -7,6 +7,7 @@ request whose pooled connection turned out closed; a PUT may still have landed).
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from yarl import URL
 
 from core.outcomes import Answered, DispatchResult, Lost, NotSent
 from policies import Upstream
+from policies.tls import upstream_context
 
 HOP_BY_HOP = frozenset(
     {
@@ -56,10 +58,13 @@ REPLAY_BODY_LIMIT = 1_048_576
 UPSTREAM_BODY_LIMIT = 16 * 1_048_576
 
 
-def new_client_session(limit: int = 512) -> aiohttp.ClientSession:
-    """A session of at most `limit` upstream connections."""
+def new_client_session(
+    limit: int = 512, tls: ssl.SSLContext | bool = True
+) -> aiohttp.ClientSession:
+    """A session of at most `limit` upstream connections; `tls` verifies https ones
+    (True: aiohttp's default, the system's trust store)."""
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=True),
+        connector=aiohttp.TCPConnector(limit=limit, ssl=tls, enable_cleanup_closed=True),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None),
     )
@@ -76,11 +81,16 @@ class UpstreamPools:
     """Two sessions per upstream, fenced and pass-through, each with its own connection
     limit (the upstream's `pool`): with one shared pool, slow pass-through reads that
     need no token could take every connection and fail fenced writes (issue 8, item 4).
-    Both forward at most once (`new_client_session`)."""
+    Both forward at most once (`new_client_session`) and verify an https upstream with
+    its own CA bundle (`upstream_context`)."""
 
     def __init__(self, upstreams: Iterable[Upstream]) -> None:
-        self._fenced = {u.name: new_client_session(u.pool.fenced) for u in upstreams}
-        self._pass_through = {u.name: new_client_session(u.pool.pass_through) for u in upstreams}
+        self._fenced = {
+            u.name: new_client_session(u.pool.fenced, upstream_context(u)) for u in upstreams
+        }
+        self._pass_through = {
+            u.name: new_client_session(u.pool.pass_through, upstream_context(u)) for u in upstreams
+        }
 
     def fenced(self, upstream: Upstream) -> aiohttp.ClientSession:
         return self._fenced[upstream.name]
@@ -197,6 +207,8 @@ async def dispatch(
     except aiohttp.ConnectionTimeoutError as exc:
         return NotSent(f"connect timeout after {upstream.connect_timeout_s}s ({exc})"), None
     except aiohttp.ClientConnectorError as exc:
+        # A failed TLS handshake (an upstream certificate that does not verify included)
+        # is a ClientConnectorError too: it ends before any byte of the request is sent.
         return NotSent(f"cannot connect to {upstream.name}: {exc.os_error}"), None
     except TimeoutError:
         return Lost(f"no complete answer within {upstream.timeout_s}s"), None

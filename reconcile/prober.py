@@ -22,6 +22,7 @@ from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord
 from policies import Policy, Route
+from policies.tls import upstream_context
 from store import Store, StoreUnavailable
 
 log = logging.getLogger("fenceproxy.reconcile")
@@ -62,6 +63,8 @@ async def ask_upstream(
             headers=headers,
             timeout=timeout,
             allow_redirects=False,
+            # The session is shared by every upstream: each is verified with its own CAs.
+            ssl=upstream_context(upstream),
         ) as response:
             await response.read()
             return response.status, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -93,8 +94,16 @@ class ManagedProcess:
     def is_running(self) -> bool:
         return self._popen.poll() is None
 
-    def wait_http_ok(self, url: str, timeout_s: float = 15.0) -> None:
-        """Poll `url` until it answers 2xx; raise ProcessFailed if the child dies or time is up."""
+    def wait_http_ok(
+        self, url: str, timeout_s: float = 15.0, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Poll `url` until it answers 2xx; raise ProcessFailed if the child dies or time is up.
+        `tls`: the client context for an https `url` (the CAs to trust, a client certificate)."""
+        opener = _direct_opener
+        if tls is not None:
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls)
+            )
         deadline = time.monotonic() + timeout_s
         last_problem = "no attempt made"
         while True:
@@ -104,7 +113,7 @@ class ManagedProcess:
             if remaining <= 0:
                 raise self.failure(f"{url} not ready after {timeout_s:g} s ({last_problem})")
             try:
-                with _direct_opener.open(url, timeout=min(1.0, remaining)) as response:
+                with opener.open(url, timeout=min(1.0, remaining)) as response:
                     status: int = response.status
                 if 200 <= status < 300:
                     return
