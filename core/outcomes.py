@@ -21,7 +21,8 @@ class Answered:
 
 @dataclass(frozen=True)
 class NotSent:
-    """The connection was never established: not one byte of the request left."""
+    """The connection (its TLS handshake included) was never established: not one byte of
+    the request left."""
 
     reason: str
 
