@@ -4,6 +4,7 @@ Run it as its own process::
 
     python -m demo.upstream --host 127.0.0.1 --port 9001 --db state/demo-upstream.db
 
+(add ``--tls-cert CERT.pem --tls-key KEY.pem`` to serve https, as the TLS tests do)
 or in-process with `make_app(db_path)`. Every effect is committed to the
 upstream's own SQLite file before the response is sent, so tests can count
 what really happened from the upstream's records rather than the proxy's word.
