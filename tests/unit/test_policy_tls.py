@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 
 from policies import ConfigError, ListenTLS, Problem, load_policy
 from policies.tls import server_context, upstream_context
+from proxy.cli import main
 from tests.certificates import Issued, TestCA
 
 # Line numbers matter: the tests assert the line and key path of each problem.
@@ -228,3 +229,33 @@ def test_a_ca_bundle_that_cannot_verify_is_named_with_its_line(
 ) -> None:
     path = write_policy(folder_of(certificates), url=url, upstream=(f"ca_bundle: {bundle}",))
     assert_single_problem(path, UPSTREAM_LINE, "upstreams.supplier.ca_bundle", message)
+
+
+@pytest.mark.parametrize(
+    ("tls", "summary"),
+    [
+        ((), "store sqlite:///state/test.db)"),
+        (
+            ("cert: tls/server.pem", "key: tls/server-key.pem"),
+            "store sqlite:///state/test.db, TLS)",
+        ),
+        (
+            ("cert: tls/server.pem", "key: tls/server-key.pem", "client_ca: tls/test-ca.pem"),
+            "store sqlite:///state/test.db, mutual TLS)",
+        ),
+    ],
+    ids=["plain", "tls", "mutual"],
+)
+def test_check_config_says_how_the_listener_speaks(
+    certificates: tuple[TestCA, Issued, Issued],
+    capsys: pytest.CaptureFixture[str],
+    tls: tuple[str, ...],
+    summary: str,
+) -> None:
+    path = write_policy(folder_of(certificates), tls)
+
+    with pytest.raises(SystemExit) as exit_status:
+        main(["check-config", str(path)])
+
+    assert exit_status.value.code == 0
+    assert capsys.readouterr().out == f"{path}: ok (1 routes, 1 fenced, {summary}\n"

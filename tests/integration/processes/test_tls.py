@@ -290,6 +290,9 @@ def test_a_client_trusting_the_proxys_ca_acquires_and_writes_over_tls(
 
     assert placed.status == 201, placed
     assert tls_listener.upstream_rows("orders") == 1
+    banner = tls_listener.processes[-1].log_tail().splitlines()[0]
+    assert banner.startswith(f"fenceproxy on {tls_listener.proxy_url} ("), banner
+    assert banner.endswith(", TLS)"), banner
 
 
 def test_a_client_not_trusting_the_proxys_ca_fails_verification_and_changes_nothing(
