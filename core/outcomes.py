@@ -21,8 +21,7 @@ class Answered:
 
 @dataclass(frozen=True)
 class NotSent:
-    """The connection (its TLS handshake included) was never established: not one byte of
-    the request left."""
+    """Connecting (the TLS handshake included) failed: not one byte of the request left."""
 
     reason: str
 
