@@ -148,7 +148,10 @@ INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, 
 VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
 
 -- bump_refusal_count --
-UPDATE refusal_counts SET count = count + :n, last_seen = :now
+-- greatest/least: a flush that started earlier can commit later (another replica's, or
+-- on PostgreSQL now() is the transaction's start); a row keeps spanning both times.
+UPDATE refusal_counts
+SET count = count + :n, first_seen = least(first_seen, :now), last_seen = greatest(last_seen, :now)
 WHERE code = :code AND route = :route AND resource = :resource AND method = :method
   AND path = :path
 
@@ -159,7 +162,9 @@ SELECT count(*) AS n FROM refusal_counts WHERE code = :code
 INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
 VALUES (:code, :route, :resource, :method, :path, :now, :now, :n)
 ON CONFLICT (code, route, resource, method, path)
-DO UPDATE SET count = refusal_counts.count + excluded.count, last_seen = excluded.last_seen
+DO UPDATE SET count = refusal_counts.count + excluded.count,
+    first_seen = least(refusal_counts.first_seen, excluded.first_seen),
+    last_seen = greatest(refusal_counts.last_seen, excluded.last_seen)
 
 -- refusal_counts --
 -- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.

@@ -142,7 +142,10 @@ INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, 
 VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
 
 -- bump_refusal_count --
-UPDATE refusal_counts SET count = count + :n, last_seen = :now
+-- max/min: a flush that started earlier can commit later (another replica's, or
+-- on PostgreSQL now() is the transaction's start); a row keeps spanning both times.
+UPDATE refusal_counts
+SET count = count + :n, first_seen = min(first_seen, :now), last_seen = max(last_seen, :now)
 WHERE code = :code AND route = :route AND resource = :resource AND method = :method
   AND path = :path
 
@@ -153,7 +156,9 @@ SELECT count(*) AS n FROM refusal_counts WHERE code = :code
 INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
 VALUES (:code, :route, :resource, :method, :path, :now, :now, :n)
 ON CONFLICT (code, route, resource, method, path)
-DO UPDATE SET count = refusal_counts.count + excluded.count, last_seen = excluded.last_seen
+DO UPDATE SET count = refusal_counts.count + excluded.count,
+    first_seen = min(refusal_counts.first_seen, excluded.first_seen),
+    last_seen = max(refusal_counts.last_seen, excluded.last_seen)
 
 -- refusal_counts --
 -- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.

@@ -15,6 +15,7 @@ import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -238,3 +239,28 @@ async def test_counts_a_failed_flush_took_are_written_by_the_next(
 
         assert await store.flush_refusal_counts() == 1
         assert await backends.rows(store_url, "SELECT count FROM refusal_counts") == [(2,)]
+
+
+async def test_a_count_written_late_with_an_older_clock_keeps_first_before_last(
+    tmp_path: Path,
+) -> None:
+    """Two processes flush the same kind; the one whose time is older writes second
+    (on PostgreSQL a transaction's now() is its start, so a flush that began first
+    can commit last). The row still spans both times: first_seen ≤ last seen."""
+    url = f"sqlite:///{tmp_path / 'fence.db'}"
+    early, late = FakeClock(), FakeClock()
+    late.advance(10.0)
+    junk = Rejection("no_route", "DELETE", "/junk")
+    async with (
+        running_store(url, late) as later,
+        running_store(url, early, instance_id="i-2") as earlier,
+    ):
+        await later.record_rejection(junk)
+        await earlier.record_rejection(junk)
+        await later.flush_refusal_counts()
+        await earlier.flush_refusal_counts()
+
+    [(first_seen, last_seen, count)] = await backends.rows(
+        url, "SELECT first_seen, last_seen, count FROM refusal_counts"
+    )
+    assert (first_seen, last_seen, count) == (early.now, late.now, 2)
