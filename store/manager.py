@@ -8,6 +8,7 @@ which database answers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -151,6 +152,10 @@ class Store:
         self.instance_id = instance_id
         # Refusals counted since the last flush_refusal_counts (store/tally.py).
         self.refusal_tally = RefusalTally(MAX_COUNTED_PER_CODE)
+        # One flush at a time: a flush that starts while another has taken its counts
+        # but not committed them would judge the per-code bound on rows it cannot see
+        # (overshooting it on PostgreSQL), and a listing after it would miss them.
+        self._flushing = asyncio.Lock()
 
     async def open(self) -> None:
         await self.connector.open()
@@ -631,20 +636,21 @@ class Store:
         many kinds were written. Their first and last time seen are the flush's, so
         they are as exact as the flushes are frequent. On failure they are counted
         again for the next flush."""
-        taken = self.refusal_tally.take()
-        if not taken:
-            return 0
+        async with self._flushing:
+            taken = self.refusal_tally.take()
+            if not taken:
+                return 0
 
-        async def operation(tx: Tx) -> int:
-            for key, n in taken.items():
-                await _add_to_refusal_count(tx, key, n)
-            return len(taken)
+            async def operation(tx: Tx) -> int:
+                for key, n in taken.items():
+                    await _add_to_refusal_count(tx, key, n)
+                return len(taken)
 
-        try:
-            return await self.connector.write(operation)
-        except BaseException:
-            self.refusal_tally.give_back(taken)
-            raise
+            try:
+                return await self.connector.write(operation)
+            except BaseException:
+                self.refusal_tally.give_back(taken)
+                raise
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
         """Newest first: per-request rejections and counted refusals (at their last
