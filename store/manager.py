@@ -19,7 +19,7 @@ from typing import Any
 
 from core import fencing, lifecycle
 from core.codes import ErrorCode
-from core.fencing import AdmissionRequest, Admit, Grant, Replay
+from core.fencing import AdmissionRequest, Admit, Grant, LiveLeases, Replay
 from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
 from core.records import (
@@ -61,6 +61,9 @@ COUNTED_CODES = frozenset(
         ErrorCode.PAYLOAD_TOO_LARGE,
         ErrorCode.HEADERS_TOO_LARGE,
         ErrorCode.REQUEST_TIMEOUT,
+        # Names no lease, and comes in floods by nature: a row each would make the
+        # quota that refuses a runaway client grow the store for it.
+        ErrorCode.RATE_LIMITED,
     }
 )
 
@@ -170,13 +173,17 @@ class Store:
     # -- leases ---------------------------------------------------------------
 
     async def acquire(
-        self, resource: str, holder: str, ttl_s: float, token_hash: str
+        self, resource: str, holder: str, ttl_s: float, token_hash: str, max_live_leases: int = 0
     ) -> tuple[LeaseRecord, float] | Refusal:
-        """Grant a new lease at a higher epoch; returns it with the transaction's clock."""
+        """Grant a new lease at a higher epoch; returns it with the transaction's clock.
+        `max_live_leases` caps the live leases of the holder (0: no cap)."""
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             state = await _resource_state(tx, resource, lock=True)
-            decision = fencing.decide_acquire(state, ttl_s, tx.now)
+            live = None
+            if max_live_leases > 0:
+                live = await _live_leases(tx, holder, max_live_leases)
+            decision = fencing.decide_acquire(state, ttl_s, tx.now, live)
             if isinstance(decision, Refusal):
                 return decision
             await _grant(tx, resource, holder, token_hash, decision)
@@ -826,6 +833,19 @@ async def _lock_resource(tx: Tx, resource: str) -> None:
     locked = await tx.one("lock_resource", resource=resource)
     if locked is not None:  # a backend whose lock can be waited for says when it got it
         tx.now = float(locked["now"])
+
+
+async def _live_leases(tx: Tx, holder: str, cap: int) -> LiveLeases:
+    """The holder's live leases, counted under its quota subject's lock (taken after
+    the resource's, see lock_quota_subject) so that concurrent acquires of one holder
+    on different resources cannot both find room under the cap."""
+    locked = await tx.one("lock_quota_subject", subject=holder)
+    if locked is not None:
+        tx.now = float(locked["now"])
+    row = await tx.one("live_leases_of_holder", holder=holder, now=tx.now)
+    assert row is not None  # an aggregate always answers one row
+    earliest = row["earliest"]
+    return LiveLeases(holder, cap, int(row["n"]), None if earliest is None else float(earliest))
 
 
 async def _effect_row(tx: Tx, effect_id: str) -> Row:
