@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     URI_TOO_LONG = "uri_too_long"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     RESOURCE_BLOCKED = "resource_blocked"
+    RATE_LIMITED = "rate_limited"
     INTERNAL_ERROR = "internal_error"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     STORE_UNAVAILABLE = "store_unavailable"
@@ -156,6 +157,12 @@ _PROBLEMS = {
         423,
         "Resource blocked by an effect in doubt",
         "an effect on the resource is in doubt or conflicting (acquire and mutate both)",
+    ),
+    ErrorCode.RATE_LIMITED: _Problem(
+        429,
+        "Quota exceeded",
+        "acquire over the quota subject's `quotas.acquires_per_s` (after its `burst`), or while "
+        "it holds `quotas.live_leases` live leases; nothing was granted (`Retry-After` set)",
     ),
     ErrorCode.INTERNAL_ERROR: _Problem(500, "Internal error", "a bug; nothing was forwarded"),
     ErrorCode.UPSTREAM_UNREACHABLE: _Problem(

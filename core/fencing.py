@@ -7,10 +7,10 @@ drift apart. Nothing here performs I/O or reads a clock; `now` is passed in.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from core.lifecycle import BLOCKING
+from core.quotas import retry_after_s
 from core.records import (
     EffectState,
     IdempotencyRecord,
@@ -52,7 +52,21 @@ class AdmissionRequest:
     upstream_idempotent: bool = False
 
 
-def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Refusal:
+@dataclass(frozen=True)
+class LiveLeases:
+    """A quota subject's live leases as it asks for one more, and its cap
+    (`quotas.live_leases`, above 0)."""
+
+    subject: str
+    cap: int
+    count: int
+    earliest_expires_at: float | None
+
+
+def decide_acquire(
+    state: ResourceState, ttl_s: float, now: float, live: LiveLeases | None = None
+) -> Grant | Refusal:
+    """`live` is None when the subject's live leases are not capped."""
     current = state.current_lease()
     if current is not None and current.live(now):
         return Refusal(
@@ -61,7 +75,7 @@ def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Re
             {
                 "resource": state.resource,
                 "current_epoch": state.epoch,
-                "retry_after_s": max(1, math.ceil(current.expires_at - now)),
+                "retry_after_s": retry_after_s(current.expires_at - now),
             },
         )
     blocking = state.blocking()
@@ -69,6 +83,19 @@ def decide_acquire(state: ResourceState, ttl_s: float, now: float) -> Grant | Re
         # A write may still land (or may have landed) under the old epoch: a successor
         # must not start from a state nobody knows yet.
         return _blocked(state, blocking)
+    if live is not None and live.count >= live.cap:
+        assert live.earliest_expires_at is not None  # at least one lease is live
+        return Refusal(
+            "rate_limited",
+            f"{live.subject} holds {live.count} live leases, the most quotas.live_leases "
+            "allows; release one first",
+            {
+                "resource": state.resource,
+                "live_leases": live.count,
+                # Its leases end by release or expiry; expiry is the one to count on.
+                "retry_after_s": retry_after_s(live.earliest_expires_at - now),
+            },
+        )
     return Grant(state.next_epoch(), now + ttl_s)
 
 

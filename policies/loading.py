@@ -26,6 +26,7 @@ from policies.model import (
     Policy,
     Pool,
     Probe,
+    Quotas,
     Reconcile,
     Retention,
     Route,
@@ -69,6 +70,7 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
             "routes",
             "retention",
             "limits",
+            "quotas",
         },
     )
     if not root.valid:
@@ -86,9 +88,12 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
     routes = _parse_routes(root, problems, upstreams)
     retention = _parse_retention(root, problems, routes)
     limits = _parse_limits(root, problems)
+    quotas = _parse_quotas(root, problems)
     if problems:
         raise ConfigError(filename, problems.items)
-    return Policy(1, listen, store, admin_env, leases, upstreams, routes, pool, retention, limits)
+    return Policy(
+        1, listen, store, admin_env, leases, upstreams, routes, pool, retention, limits, quotas
+    )
 
 
 def _parse_listen(root: Mapping, problems: Problems, base: Path) -> Listen:
@@ -247,6 +252,38 @@ def _parse_limits(root: Mapping, problems: Problems) -> Limits:
         float(body) if body is not None else default.body_timeout_s,
         most if isinstance(most, int) else default.max_requests,
     )
+
+
+def _parse_quotas(root: Mapping, problems: Problems) -> Quotas:
+    """`quotas: {live_leases, acquires_per_s, burst}`; 0 is unlimited."""
+    default = Quotas()
+    node = root.child("quotas")
+    if node is None:
+        return default
+    block = Mapping(node, problems, {"live_leases", "acquires_per_s", "burst"})
+    if not block.valid:
+        return default
+    live = _limit(block, "live_leases", default.live_leases, integer=True)
+    rate = _limit(block, "acquires_per_s", default.acquires_per_s, integer=False)
+    burst = _limit(block, "burst", default.burst, integer=True)
+    if burst == 0:
+        problems.add(
+            block.children["burst"],
+            "must be at least 1 (no acquire could pass); acquires_per_s: 0 lifts the rate limit",
+        )
+        burst = default.burst
+    return Quotas(int(live), float(rate), int(burst))
+
+
+def _limit(block: Mapping, name: str, default: float, integer: bool) -> float:
+    """A quota's value (0: unlimited), or its default after a problem. null is refused
+    rather than read as unlimited: a key left empty by mistake must not lift a limit."""
+    child = block.child(name)
+    if child is not None and child.scalar() is None:
+        block.problems.add(child, "null is not a limit: give a number, or 0 for unlimited")
+        return default
+    value = block.number(name, default=default, integer=integer)
+    return default if value is None else float(value)
 
 
 def _parse_pool(upstream: Mapping, problems: Problems) -> Pool:

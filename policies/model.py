@@ -89,6 +89,18 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Quotas:
+    """What one quota subject may take (proxy/quotas.py `quota_subject`: the holder, or
+    with `auth:` the client): live leases at once, and acquires per second with a burst
+    (a token bucket per subject, per process). 0 means unlimited. The defaults are far
+    above what a worker needs, and below what a runaway loop takes."""
+
+    live_leases: int = 1000
+    acquires_per_s: float = 50.0
+    burst: int = 100
+
+
+@dataclass(frozen=True)
 class Pool:
     """Upstream connections per proxy process, one pool for fenced routes and one for
     pass-through routes, so neither kind of traffic can take the other's."""
@@ -184,6 +196,7 @@ class Policy:
     store_pool: StorePool = StorePool(1, 10)
     retention: Retention = DEFAULT_RETENTION
     limits: Limits = Limits()
+    quotas: Quotas = Quotas()
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         for route in self.routes:

@@ -13,6 +13,7 @@ from core.records import Refusal
 from proxy import openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
+from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
 from proxy.runtime import require_admin, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
@@ -90,15 +91,29 @@ async def acquire(request: web.Request) -> web.Response:
     resource = operations.resource_name(data.get("resource"))
     holder = holder_name(data.get("holder"))
     seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    refusal = over_acquire_rate(runtime, quota_subject(request, holder), resource)
+    if refusal is not None:
+        return await _refuse_acquire(request, refusal, resource, holder)
     token = new_token()
-    result = await runtime.store.acquire(resource, holder, seconds, token_hash(token))
+    result = await runtime.store.acquire(
+        resource, holder, seconds, token_hash(token), runtime.policy.quotas.live_leases
+    )
     if isinstance(result, Refusal):
-        await _record(request, result, resource=resource, holder=holder)
-        return refusal_response(result)
+        return await _refuse_acquire(request, result, resource, holder)
     lease, now = result
     body = _lease_json(resource, holder, lease.epoch, lease.expires_at, now)
     body["token"] = token
     return web.json_response(body, status=201)
+
+
+async def _refuse_acquire(
+    request: web.Request, refusal: Refusal, resource: str, holder: str
+) -> web.Response:
+    # rate_limited names no lease: recorded without the holder (anyone may invent one),
+    # it is counted rather than kept a row each (store/manager.py COUNTED_CODES).
+    limited = refusal.code is ErrorCode.RATE_LIMITED
+    await _record(request, refusal, resource=resource, holder=None if limited else holder)
+    return refusal_response(refusal)
 
 
 async def renew(request: web.Request) -> web.Response:

@@ -255,7 +255,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "responses": _responses(
                         {"201": _json(_ref("Lease"), "granted, with the token")},
                         _BODY,
-                        [ErrorCode.LEASE_HELD, ErrorCode.RESOURCE_BLOCKED],
+                        [ErrorCode.LEASE_HELD, ErrorCode.RESOURCE_BLOCKED, ErrorCode.RATE_LIMITED],
                     ),
                 },
                 "get": {

@@ -35,7 +35,7 @@ def problem(
 def refusal_response(refusal: Refusal, headers: dict[str, str] | None = None) -> web.Response:
     extra = dict(headers or {})
     retry_after = refusal.context.get("retry_after_s")
-    if refusal.code is ErrorCode.LEASE_HELD and retry_after is not None:
+    if refusal.code in (ErrorCode.LEASE_HELD, ErrorCode.RATE_LIMITED) and retry_after is not None:
         extra["Retry-After"] = str(retry_after)
     return problem(refusal.code, refusal.detail, extra or None, **refusal.context)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from core.codes import ErrorCode
+from core.quotas import AcquireRate
 from core.records import Rejection
 from policies import Policy
 from proxy.identity import IdentityCheck
@@ -42,6 +45,10 @@ class Runtime:
     readiness: Readiness = field(default_factory=Readiness)
     # Set by `serve`: check at start that the store is the one this instance last used.
     identity: IdentityCheck | None = None
+    # Acquires per quota subject, per process (proxy/quotas.py), on a clock that never
+    # goes back: the store's may, and buckets refill only with time that passed.
+    acquire_rate: AcquireRate = field(default_factory=AcquireRate)
+    quota_clock: Callable[[], float] = time.monotonic
 
     async def record_rejection(
         self,

@@ -8,6 +8,7 @@ which database answers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -18,7 +19,7 @@ from typing import Any
 
 from core import fencing, lifecycle
 from core.codes import ErrorCode
-from core.fencing import AdmissionRequest, Admit, Grant, Replay
+from core.fencing import AdmissionRequest, Admit, Grant, LiveLeases, Replay
 from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
 from core.records import (
@@ -60,6 +61,9 @@ COUNTED_CODES = frozenset(
         ErrorCode.PAYLOAD_TOO_LARGE,
         ErrorCode.HEADERS_TOO_LARGE,
         ErrorCode.REQUEST_TIMEOUT,
+        # Names no lease, and comes in floods by nature: a row each would make the
+        # quota that refuses a runaway client grow the store for it.
+        ErrorCode.RATE_LIMITED,
     }
 )
 
@@ -151,6 +155,10 @@ class Store:
         self.instance_id = instance_id
         # Refusals counted since the last flush_refusal_counts (store/tally.py).
         self.refusal_tally = RefusalTally(MAX_COUNTED_PER_CODE)
+        # One flush at a time: a flush that starts while another has taken its counts
+        # but not committed them would judge the per-code bound on rows it cannot see
+        # (overshooting it on PostgreSQL), and a listing after it would miss them.
+        self._flushing = asyncio.Lock()
 
     async def open(self) -> None:
         await self.connector.open()
@@ -165,13 +173,17 @@ class Store:
     # -- leases ---------------------------------------------------------------
 
     async def acquire(
-        self, resource: str, holder: str, ttl_s: float, token_hash: str
+        self, resource: str, holder: str, ttl_s: float, token_hash: str, max_live_leases: int = 0
     ) -> tuple[LeaseRecord, float] | Refusal:
-        """Grant a new lease at a higher epoch; returns it with the transaction's clock."""
+        """Grant a new lease at a higher epoch; returns it with the transaction's clock.
+        `max_live_leases` caps the live leases of the holder (0: no cap)."""
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             state = await _resource_state(tx, resource, lock=True)
-            decision = fencing.decide_acquire(state, ttl_s, tx.now)
+            live = None
+            if max_live_leases > 0:
+                live = await _live_leases(tx, holder, max_live_leases)
+            decision = fencing.decide_acquire(state, ttl_s, tx.now, live)
             if isinstance(decision, Refusal):
                 return decision
             await _grant(tx, resource, holder, token_hash, decision)
@@ -631,20 +643,21 @@ class Store:
         many kinds were written. Their first and last time seen are the flush's, so
         they are as exact as the flushes are frequent. On failure they are counted
         again for the next flush."""
-        taken = self.refusal_tally.take()
-        if not taken:
-            return 0
+        async with self._flushing:
+            taken = self.refusal_tally.take()
+            if not taken:
+                return 0
 
-        async def operation(tx: Tx) -> int:
-            for key, n in taken.items():
-                await _add_to_refusal_count(tx, key, n)
-            return len(taken)
+            async def operation(tx: Tx) -> int:
+                for key, n in taken.items():
+                    await _add_to_refusal_count(tx, key, n)
+                return len(taken)
 
-        try:
-            return await self.connector.write(operation)
-        except BaseException:
-            self.refusal_tally.give_back(taken)
-            raise
+            try:
+                return await self.connector.write(operation)
+            except BaseException:
+                self.refusal_tally.give_back(taken)
+                raise
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
         """Newest first: per-request rejections and counted refusals (at their last
@@ -820,6 +833,19 @@ async def _lock_resource(tx: Tx, resource: str) -> None:
     locked = await tx.one("lock_resource", resource=resource)
     if locked is not None:  # a backend whose lock can be waited for says when it got it
         tx.now = float(locked["now"])
+
+
+async def _live_leases(tx: Tx, holder: str, cap: int) -> LiveLeases:
+    """The holder's live leases, counted under its quota subject's lock (taken after
+    the resource's, see lock_quota_subject) so that concurrent acquires of one holder
+    on different resources cannot both find room under the cap."""
+    locked = await tx.one("lock_quota_subject", subject=holder)
+    if locked is not None:
+        tx.now = float(locked["now"])
+    row = await tx.one("live_leases_of_holder", holder=holder, now=tx.now)
+    assert row is not None  # an aggregate always answers one row
+    earliest = row["earliest"]
+    return LiveLeases(holder, cap, int(row["n"]), None if earliest is None else float(earliest))
 
 
 async def _effect_row(tx: Tx, effect_id: str) -> Row:

@@ -46,6 +46,24 @@ UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch 
 UPDATE leases SET ended_at = :ended_at, end_reason = :end_reason
 WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
 
+-- lock_quota_subject --
+-- Taken by an acquire whose subject's live leases are capped, after the resource's
+-- lock (always in that order, so two acquires never wait on each other crosswise):
+-- acquires of one subject on different resources, through any replica, count its
+-- live leases one at a time, so the cap holds exactly. A transaction-level advisory
+-- lock on (a namespace, the subject's hash): two subjects that share a hash only
+-- wait for each other. The next statement's snapshot sees what the lock's previous
+-- holder committed (READ COMMITTED); it may have been waited for, hence the time.
+SELECT pg_advisory_xact_lock(7431010, hashtext(:subject)) AS locked,
+       extract(epoch FROM clock_timestamp())::float8
+       + (SELECT clock_offset_s FROM store_meta) AS now
+
+-- live_leases_of_holder --
+-- A quota subject's live leases (quotas.live_leases) and when the first of them
+-- expires; read through leases_live_by_holder, the subject's range of unended leases.
+SELECT count(*) AS n, min(expires_at) AS earliest FROM leases
+WHERE holder = :holder AND ended_at IS NULL AND expires_at > :now
+
 -- idempotency_record --
 SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,
        i.expires_at, i.response_status, i.response_headers, i.response_body, i.settled_by

@@ -40,6 +40,16 @@ UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch 
 UPDATE leases SET ended_at = :ended_at, end_reason = :end_reason
 WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
 
+-- lock_quota_subject --
+-- Nothing to lock: BEGIN IMMEDIATE already serialises every acquire on the file, so
+-- a subject's live leases cannot change between their count and the grant.
+
+-- live_leases_of_holder --
+-- A quota subject's live leases (quotas.live_leases) and when the first of them
+-- expires; read through leases_live_by_holder, the subject's range of unended leases.
+SELECT count(*) AS n, min(expires_at) AS earliest FROM leases
+WHERE holder = :holder AND ended_at IS NULL AND expires_at > :now
+
 -- idempotency_record --
 SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,
        i.expires_at, i.response_status, i.response_headers, i.response_body, i.settled_by

@@ -112,6 +112,7 @@ store: $store
 admin_token_env: FENCEPROXY_TEST_ADMIN_TOKEN
 leases: {min_ttl_s: 0.1, max_ttl_s: 60, default_ttl_s: 5}
 $limits
+$quotas
 upstreams:
   supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5$pool}
 routes:
@@ -156,10 +157,11 @@ def policy_yaml(
     upstream_idempotent: bool = False,
     limits: str | None = None,
     pool: str | None = None,
+    quotas: str | None = None,
 ) -> str:
     """The test policy; `reconcile` (a YAML mapping) and `upstream_idempotent` go on
-    the place-order route, `limits` (a YAML mapping) is the top-level block and `pool`
-    (a YAML mapping) the supplier upstream's."""
+    the place-order route, `limits` and `quotas` (YAML mappings) are the top-level
+    blocks and `pool` (a YAML mapping) the supplier upstream's."""
     extra = ""
     if reconcile is not None:
         extra += f"    reconcile: {reconcile}\n"
@@ -173,6 +175,7 @@ def policy_yaml(
         max_in_flight=max_in_flight,
         place_order_extra=extra,
         limits=f"limits: {limits}" if limits is not None else "",
+        quotas=f"quotas: {quotas}" if quotas is not None else "",
         pool=f", pool: {pool}" if pool is not None else "",
     )
 
@@ -368,6 +371,7 @@ class FenceFactory(Protocol):
         upstream_idempotent: bool = False,
         limits: str | None = None,
         pool: str | None = None,
+        quotas: str | None = None,
     ) -> Awaitable[Fence]: ...
 
 
@@ -448,6 +452,7 @@ async def make_fence(
         upstream_idempotent: bool = False,
         limits: str | None = None,
         pool: str | None = None,
+        quotas: str | None = None,
     ) -> Fence:
         demo_server, upstream = await start_upstream()
         db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
@@ -462,6 +467,7 @@ async def make_fence(
             upstream_idempotent=upstream_idempotent,
             limits=limits,
             pool=pool,
+            quotas=quotas,
         )
         policy = parse_policy(text)
         config_path = tmp_path / "fenceproxy.yaml"

@@ -264,3 +264,30 @@ async def test_a_count_written_late_with_an_older_clock_keeps_first_before_last(
         url, "SELECT first_seen, last_seen, count FROM refusal_counts"
     )
     assert (first_seen, last_seen, count) == (early.now, late.now, 2)
+
+
+async def test_flushes_run_one_at_a_time_so_the_bound_holds_and_nothing_is_missed(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A flush that began while another had taken its counts but not committed them
+    would find none of that one's rows: it would add a hundred kinds more than the
+    bound (on PostgreSQL, whose transactions overlap), and whoever listed after it
+    would miss the first one's counts."""
+
+    def junk(first: int) -> list[Rejection]:
+        return [Rejection("no_route", "DELETE", f"/junk/{i}") for i in range(first, first + 100)]
+
+    async with running_store(store_url, clock) as store:
+        for rejection in junk(0):
+            await store.record_rejection(rejection)
+        first = asyncio.create_task(store.flush_refusal_counts())
+        await asyncio.sleep(0)  # it has taken its counts and is writing them
+        for rejection in junk(100):
+            await store.record_rejection(rejection)
+        await store.flush_refusal_counts()
+        # Counted as soon as the second flush returns, and within the bound.
+        rows = await backends.rows(store_url, "SELECT path, count FROM refusal_counts")
+        assert len(rows) == MAX_COUNTED_PER_CODE + 1
+        assert sum(count for _, count in rows) == 200
+        assert dict(rows)[OTHER_PATH] == 100
+        await first
