@@ -192,6 +192,13 @@ class Overloaded(FenceError):
     code = "overloaded"
 
 
+class RateLimited(FenceError):
+    """Your quota of live leases or acquires per second is used up (`retry_after_s`
+    says when to ask again); acquiring with `wait_s` waits it out."""
+
+    code = "rate_limited"
+
+
 def _by_code() -> dict[str, type[FenceError]]:
     return {cls.code: cls for cls in FenceError.__subclasses__()}
 
