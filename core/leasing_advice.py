@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Context, Decimal
 from fnmatch import fnmatchcase
 from fractions import Fraction
 
@@ -33,11 +33,14 @@ _ROUND_STEPS = (1, 2, 2.5, 5)
 # prove the holder was alive after its lease expired.
 _PAST_LEASE_CODES = frozenset({"lease_expired", "stale_epoch"})
 _MILLISECOND = Decimal("0.001")
+# Room for any float's digits to the millisecond: quantize refuses (InvalidOperation)
+# a result longer than its context's precision, and the default is 28 digits.
+_WIDE = Context(prec=400)
 
 
 def rounded(value: float) -> float:
     """To the millisecond, halves up, as the advice prints every duration."""
-    return float(Decimal(repr(value)).quantize(_MILLISECOND, rounding=ROUND_HALF_UP))
+    return float(Decimal(repr(value)).quantize(_MILLISECOND, ROUND_HALF_UP, _WIDE))
 
 
 def nearest_rank(turns: Sequence[float], percent: float) -> float | None:
@@ -69,12 +72,11 @@ def detection_delay(lease_s: float, typical_turn_s: float, poll_interval_s: floa
     """E = T - D/2 + s/2: a crash falls uniformly within a turn of length D, the lease
     then runs out T - D/2 later on average, and a successor polling every s seconds
     notices s/2 after that."""
-    delay = (
-        Decimal(repr(lease_s))
-        - Decimal(repr(typical_turn_s)) / 2
-        + Decimal(repr(poll_interval_s)) / 2
+    delay = _WIDE.add(
+        _WIDE.subtract(Decimal(repr(lease_s)), _WIDE.divide(Decimal(repr(typical_turn_s)), 2)),
+        _WIDE.divide(Decimal(repr(poll_interval_s)), 2),
     )
-    return float(delay.quantize(_MILLISECOND, rounding=ROUND_HALF_UP))
+    return float(delay.quantize(_MILLISECOND, ROUND_HALF_UP, _WIDE))
 
 
 def default_grid(turns: Sequence[float]) -> tuple[float, ...]:
@@ -109,11 +111,15 @@ def suggested_ttl(longest_turn_s: float | None, margin: float, floor_s: float) -
 def ttl_floor(longest_turn_s: float | None, upstream_timeouts_s: Iterable[float]) -> float:
     """The shortest lease under which no write of a measured turn is refused as
     `lease_too_short`: a write may come at the end of the longest turn and must still
-    find the route's upstream timeout left on the lease."""
+    find the route's upstream timeout left on the lease. A turn shorter than one
+    timeout counts as one (time to take the lease and send, and a renewal's round
+    trip: without measured turns this is the configuration-only advice, twice the
+    timeout)."""
     timeout = max(upstream_timeouts_s, default=0.0)
     if timeout == 0.0:
         return 0.0
-    return float(Decimal(repr(longest_turn_s or 0.0)) + Decimal(repr(timeout)))
+    longest = max(Decimal(repr(longest_turn_s or 0.0)), Decimal(repr(timeout)))
+    return float(longest + Decimal(repr(timeout)))
 
 
 def holder_came_back(lease: LeaseRecord | None, code: str | None, now: float) -> bool:
@@ -385,11 +391,14 @@ class RouteAdvice:
 class Advice:
     groups: tuple[GroupAdvice, ...]
     routes: tuple[RouteAdvice, ...]
+    # What no TTL can fix: the policy itself refuses every write of a route.
+    problems: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, object]:
         return {
             "groups": [group.as_json() for group in self.groups],
             "routes": [route.as_json() for route in self.routes],
+            "problems": list(self.problems),
         }
 
 
@@ -427,6 +436,12 @@ def advise(
         tuple(
             RouteAdvice(route.name, tuple(sorted(measured[route.name])), route.timeout_s)
             for route in routes
+        ),
+        tuple(
+            f"route {route.name}: leases.max_ttl_s {request.max_ttl_s:g} is below its "
+            f"upstream timeout {route.timeout_s:g} s: every write is refused (lease_too_short)"
+            for route in routes
+            if route.timeout_s > request.max_ttl_s
         ),
     )
 
@@ -525,12 +540,10 @@ def _warnings(
             f"{request.max_ttl_s:g}: raise the bound, or have holders renew"
         )
     for route in routes:
+        # A route whose timeout is above max_ttl_s is in Advice.problems.
         if route.timeout_s > request.max_ttl_s:
-            found.append(
-                f"route {route.name}: leases.max_ttl_s is below its upstream timeout "
-                f"{route.timeout_s:g} s: every write is refused (lease_too_short)"
-            )
-        elif request.default_ttl_s is not None and request.default_ttl_s < route.timeout_s:
+            continue
+        if request.default_ttl_s is not None and request.default_ttl_s < route.timeout_s:
             found.append(
                 f"route {route.name}: leases.default_ttl_s {request.default_ttl_s:g} s is "
                 f"below its upstream timeout {route.timeout_s:g} s: holders must pass ttl_s"
