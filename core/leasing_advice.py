@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Context, Decimal
 from fnmatch import fnmatchcase
 from fractions import Fraction
+from typing import Any
 
 from core.records import LeaseRecord
 
@@ -309,7 +310,7 @@ class GroupAdvice:
         """How many measured turns a lease of `lease_s` would have cut short."""
         return sum(1 for t in self.turns_s if t > lease_s)
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         stats = self.stats
         turn_s = None
         if stats.percentiles is not None:
@@ -377,7 +378,7 @@ class RouteAdvice:
             "outcome becomes unknown"
         ]
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         return {
             "route": self.name,
             "requests": len(self.latencies),
@@ -394,7 +395,7 @@ class Advice:
     # What no TTL can fix: the policy itself refuses every write of a route.
     problems: tuple[str, ...] = ()
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         return {
             "groups": [group.as_json() for group in self.groups],
             "routes": [route.as_json() for route in self.routes],

@@ -85,7 +85,7 @@ def test_the_whole_group_answer_for_the_worked_example() -> None:
     lives = [_released(f"rule:r{i}", turn) for i, turn in enumerate(WORKED)]
     request = AdviceRequest(resource=None, since_s=None, poll_interval_s=0.05)
     advice = advise(lives, [], [RouteSpec("put-rule", "rule:*", 0.5)], request, NOW)
-    (group,) = advice.as_json()["groups"]  # type: ignore[misc]
+    (group,) = advice.as_json()["groups"]
     assert group["resource"] == "rule:*"
     assert group["turns"] == 40
     assert group["turn_s"] == {"p50": 0.539, "p90": 1.334, "p99": 2.669, "max": 2.669}
@@ -147,7 +147,7 @@ def test_no_turns_give_nulls_not_zeros() -> None:
     assert stats.shortest_lease == dict.fromkeys(TARGETS)
     assert stats.curve == ()
     advice = advise([], [], [], AdviceRequest(resource="job:*", since_s=None), NOW)
-    (group,) = advice.as_json()["groups"]  # type: ignore[misc]
+    (group,) = advice.as_json()["groups"]
     assert group["turn_s"] is None
     assert group["shortest_lease_s"] is None
     assert group["suggested_ttl_s"] is None
@@ -228,7 +228,7 @@ def test_expired_leases_are_split_by_whether_their_holder_came_back() -> None:
         _life("job:5", ended_at=NOW - 5, expires_at=NOW - 1, end_reason="revoked: x"),
     ]
     advice = advise(lives, [], [], AdviceRequest(resource=None, since_s=None), NOW)
-    assert advice.as_json()["groups"][0]["expired"] == {  # type: ignore[index]
+    assert advice.as_json()["groups"][0]["expired"] == {
         # job:3 expired before it was taken over; job:5 was revoked before it expired.
         "total": 3,
         "holder_came_back": 1,
@@ -261,13 +261,13 @@ def test_route_latencies_warn_when_the_timeout_sits_inside_the_tail() -> None:
     routes = [RouteSpec("put-rule", "rule:*", 0.5)]
     slow = [("put-rule", 0.1)] * 98 + [("put-rule", 0.5), ("put-rule", 0.5)]
     advice = advise([], slow, routes, AdviceRequest(resource=None, since_s=None), NOW)
-    (route,) = advice.as_json()["routes"]  # type: ignore[misc]
+    (route,) = advice.as_json()["routes"]
     assert route["requests"] == 100
     assert route["upstream_s"] == {"p50": 0.1, "p99": 0.5, "max": 0.5}
     assert route["warnings"]
     fast = [("put-rule", 0.1)] * 100
     advice = advise([], fast, routes, AdviceRequest(resource=None, since_s=None), NOW)
-    assert advice.as_json()["routes"][0]["warnings"] == []  # type: ignore[index]
+    assert advice.as_json()["routes"][0]["warnings"] == []
 
 
 NOW = 1_000_000.0
