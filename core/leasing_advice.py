@@ -556,9 +556,12 @@ def recommendation(group: GroupAdvice) -> str:
     """One line for people: the TTL (rounded up to a tenth), what it would have cost."""
     if group.suggested_ttl_s is None:
         return f"{group.resource}: no measured turn and no fenced route: nothing to suggest"
-    # Up to the tenth: a shorter lease than the one measured would cut turns short.
+    # Up to the tenth (of the printed millisecond value, so the line agrees with the
+    # JSON): a shorter lease than the one suggested could cut turns short.
     ttl = float(
-        Decimal(repr(group.suggested_ttl_s)).quantize(Decimal("0.1"), rounding=ROUND_CEILING)
+        Decimal(repr(rounded(group.suggested_ttl_s))).quantize(
+            Decimal("0.1"), rounding=ROUND_CEILING
+        )
     )
     if not group.turns_s:
         return f"{group.resource}: suggest ttl_s {ttl:g} (no measured turn: from the routes)"
