@@ -12,6 +12,7 @@ Decimal arithmetic where a result is printed to the millisecond: a float sum suc
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Context, Decimal
@@ -54,15 +55,17 @@ def nearest_rank(turns: Sequence[float], percent: float) -> float | None:
 
 
 def share_outliving(turns: Sequence[float], lease_s: float) -> float:
-    """|{t > lease_s}| / n: the false-expiry rate of `lease_s` for work that does not renew."""
+    """|{t > lease_s}| / n of turns sorted ascending: the false-expiry rate of `lease_s`
+    for work that does not renew."""
     if not turns:
         return 0.0
-    return sum(1 for t in turns if t > lease_s) / len(turns)
+    return (len(turns) - bisect_right(turns, lease_s)) / len(turns)
 
 
 def shortest_lease(turns: Sequence[float], target: float) -> float | None:
     """The smallest observed turn whose share of longer turns is at most `target`
-    (target 0 gives the longest turn); None without turns. Turns sorted ascending."""
+    (target 0 gives the longest turn); None without turns. Turns sorted ascending, so
+    the share only falls along them: the first that meets the target is the answer."""
     for turn in turns:
         if share_outliving(turns, turn) <= target:
             return turn

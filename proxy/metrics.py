@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from core.leasing_advice import OTHER_GROUP, group_of
+from core.leasing_advice import OTHER_GROUP, Ending, group_of
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
 from store import CAME_BACK, Purged, Receipt, Store
@@ -24,7 +24,7 @@ TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 # Lease groups past the routes' templates, by resource prefix (`job:*`): anyone may
 # take a lease on any name, so past this many prefixes the rest are counted as "*".
 MAX_PREFIX_LABELS = 20
-LEASE_ENDINGS = ("released", "revoked", "superseded")
+LEASE_ENDINGS = (Ending.RELEASED, Ending.REVOKED, Ending.SUPERSEDED)
 
 
 class Metrics:
@@ -106,8 +106,8 @@ class Metrics:
             ["group"],
             registry=self.registry,
         )
-        # The fenced routes' resource templates as globs (`rule:*`): see watch_leases.
-        self._route_groups: tuple[str, ...] = ()
+        # The fenced routes' resource templates as globs (`rule:*`), set by watch_leases.
+        self.route_groups: tuple[str, ...] = ()
         self._prefix_groups: set[str] = set()
         self.oldest_in_doubt = Gauge(
             "fenceproxy_oldest_in_doubt_age_seconds",
@@ -150,15 +150,17 @@ class Metrics:
 
     def watch_leases(self, store: Store, route_groups: tuple[str, ...]) -> None:
         """Count how the store's leases end, grouped by the fenced routes' templates."""
-        self._route_groups = route_groups
+        self.route_groups = route_groups
         for group in route_groups:
             self._child(self.false_expiries, group)
+            for how in LEASE_ENDINGS:
+                self._child(self.leases_ended, group, how)
         store.lease_observer = self.observe_lease
 
     def lease_group(self, resource: str) -> str:
         """A bounded label: a route template's glob, or one of the first prefixes seen."""
-        group = group_of(resource, self._route_groups)
-        if group in self._route_groups or group in self._prefix_groups:
+        group = group_of(resource, self.route_groups)
+        if group in self.route_groups or group in self._prefix_groups:
             return group
         if len(self._prefix_groups) >= MAX_PREFIX_LABELS:
             return OTHER_GROUP

@@ -341,7 +341,9 @@ def _number(raw: str, field: str, rule: str) -> float:
 def _bounded_number(
     raw: str | None, field: str, low: float, high: float, default: float, low_open: bool = False
 ) -> float:
-    rule = f"{'more than' if low_open else 'at least'} {low:g} and at most {high:g}"
+    rule = f"{'more than' if low_open else 'at least'} {low:g}"
+    if math.isfinite(high):
+        rule += f" and at most {high:g}"
     if raw is None:
         return default
     value = _number(raw, field, rule)
