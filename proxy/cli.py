@@ -552,7 +552,7 @@ def _print_advice(advice: Advice) -> None:
         ttls = data["ttls_in_use_s"]
         if isinstance(ttls, dict):
             rows.append(["ttls in use", f"p50 {ttls['p50']:g} s, min {ttls['min']:g} s"])
-        _table(rows, ["", ""])
+        _table(rows, ["", ""], indent="  ")
         if group.stats.curve:
             print("  false-expiry curve: share of turns longer than the lease")
             width = max(len(f"{lease:g}") for lease, _ in group.stats.curve)
@@ -585,12 +585,12 @@ def _seconds_text(value: object) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def _table(rows: list[list[str]], header: list[str]) -> None:
+def _table(rows: list[list[str]], header: list[str], indent: str = "") -> None:
     shown = [header, *rows] if any(header) else rows
     widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
     for row in shown:
         line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        print(line.rstrip())
+        print(indent + line.rstrip())
 
 
 if __name__ == "__main__":
