@@ -227,6 +227,7 @@ class Store:
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             nonlocal came_back
+            came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
             refusal = fencing.decide_renew(lease, state, tx.now)
             if refusal is not None:
@@ -257,6 +258,7 @@ class Store:
 
         async def operation(tx: Tx) -> LeaseRecord | Refusal:
             nonlocal came_back
+            came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
             refusal = fencing.decide_release(lease, state, tx.now)
             if refusal is not None:
