@@ -17,7 +17,7 @@ from aiohttp import web
 from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
-from proxy import control, fenced, forwarding
+from proxy import control, fenced, forwarding, operations
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
 from proxy.problems import ProblemError, problem
@@ -64,6 +64,9 @@ def build_app(
         store = open_store(policy.store, clock, default_instance_id(policy), pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
     runtime = Runtime(policy, store, admin_token, identity=identity)
+    runtime.metrics.watch_leases(
+        store, tuple(route.resource_glob for route in operations.fenced_routes(policy))
+    )
     app[RUNTIME] = runtime
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from core.leasing_advice import Advice, recommendation
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
@@ -181,7 +182,20 @@ def _parser() -> argparse.ArgumentParser:
         _store_options(sub)
         sub.set_defaults(run=run)
 
-    advice = command("lease-advice", _lease_advice, "lease TTLs that fit each fenced route")
+    advice = command(
+        "lease-advice",
+        _lease_advice,
+        "lease TTLs from the measured turns of recorded leases (see README, Lease sizing)",
+    )
+    # Text, not type=float: the operation checks each, with the admin API's refusal.
+    advice.add_argument("--resource", help="one group: the resources this glob matches")
+    advice.add_argument("--since", help="only leases granted in the last SECONDS")
+    advice.add_argument("--margin", help="suggested TTL = margin x longest turn (default 2)")
+    advice.add_argument(
+        "--poll-interval", help="seconds between a successor's acquire attempts (default 1)"
+    )
+    advice.add_argument("--targets", help="false-expiry rates to size for (default 0.5,0.1,0.05,0)")
+    advice.add_argument("--leases", help="the curve's lease lengths (default: from the data)")
     advice.add_argument("--json", action="store_true")
     return parser
 
@@ -490,41 +504,107 @@ def _store_fence_restore(args: argparse.Namespace) -> int:
 
 
 def _lease_advice(args: argparse.Namespace) -> int:
-    """A lease must outlive the upstream timeout, or `lease_too_short` refuses the write."""
+    """Advice from the recorded leases; non-zero when the policy refuses every write of
+    a route (no TTL can fix that)."""
     policy = _policy(args)
-    bounds = policy.leases
-    advice: list[dict[str, Any]] = []
-    for route in policy.routes:
-        if not route.fenced:
-            continue
-        minimum = route.upstream.timeout_s
-        # Leave room for a renewal round-trip before the write: twice the timeout.
-        suggested = min(max(2 * minimum, bounds.min_ttl_s), bounds.max_ttl_s)
-        problems: list[str] = []
-        if minimum > bounds.max_ttl_s:
-            problems.append("max_ttl_s is below the upstream timeout: every write is refused")
-        elif bounds.default_ttl_s < minimum:
-            problems.append("default_ttl_s is below the upstream timeout: pass ttl_s")
-        advice.append(
-            {
-                "route": route.name,
-                "upstream_timeout_s": minimum,
-                "min_ttl_s": minimum,
-                "suggested_ttl_s": suggested,
-                "problems": problems,
-            }
+    advice = _with_store(
+        args,
+        lambda store: operations.lease_advice(
+            store,
+            policy,
+            resource=args.resource,
+            since=args.since,
+            margin=args.margin,
+            poll_interval=args.poll_interval,
+            targets=args.targets,
+            leases=args.leases,
+        ),
+    )
+    if args.json:
+        print(json.dumps(advice.as_json(), indent=2, sort_keys=True))
+    else:
+        _print_advice(advice)
+    return 1 if advice.problems else 0
+
+
+CHART_WIDTH = 40
+
+
+def _print_advice(advice: Advice) -> None:
+    for group in advice.groups:
+        data = group.as_json()
+        print(f"{group.resource}: {group.stats.turns} measured turn(s)")
+        rows = [["turns", str(group.stats.turns)]]
+        turn_s = data["turn_s"]
+        if isinstance(turn_s, dict):
+            rows.append(["turn_s", "  ".join(f"{k} {v:g}" for k, v in turn_s.items())])
+        shortest = data["shortest_lease_s"]
+        if isinstance(shortest, dict):
+            rows.append(
+                [
+                    "shortest lease for a false-expiry rate of",
+                    "  ".join(f"{k}: {_seconds_text(v)}" for k, v in shortest.items()),
+                ]
+            )
+        rows.append(["suggested_ttl_s", _seconds_text(data["suggested_ttl_s"])])
+        delay = data["detection_delay_s"]
+        if isinstance(delay, dict):
+            rows.append(
+                [
+                    "detection delay (crash)",
+                    f"{delay['expected']:g} s on average = {delay['lease_s']:g} - "
+                    f"{delay['turn_s']:g}/2 + {delay['poll_interval_s']:g}/2",
+                ]
+            )
+        rows.append(
+            [
+                "expired",
+                f"{group.expired}: holder came back {group.came_back}, "
+                f"never came back {group.expired - group.came_back}",
+            ]
         )
-    rows = [
-        [
-            a["route"],
-            str(a["upstream_timeout_s"]),
-            str(a["suggested_ttl_s"]),
-            "; ".join(a["problems"]) or "ok",
-        ]
-        for a in advice
-    ]
-    _print(args, advice, rows, ["route", "needs_ttl_over_s", "suggested_ttl_s", "check"])
-    return 1 if any(a["problems"] for a in advice) else 0
+        ttls = data["ttls_in_use_s"]
+        if isinstance(ttls, dict):
+            rows.append(["ttls in use", f"p50 {ttls['p50']:g} s, min {ttls['min']:g} s"])
+        _table(rows, ["", ""], indent="  ")
+        if group.stats.curve:
+            print("  false-expiry curve: share of turns longer than the lease")
+            width = max(len(f"{lease:g}") for lease, _ in group.stats.curve)
+            for lease, share in group.stats.curve:
+                bar = "#" * round(share * CHART_WIDTH)
+                print(f"  {lease:>{width}g} s |{bar:<{CHART_WIDTH}}| {share * 100:5.1f}%")
+        for warning in group.warnings:
+            print(f"  warning: {warning}")
+        print(f"  => {recommendation(group)}")
+        print()
+    if advice.routes:
+        rows = []
+        for route in advice.routes:
+            tail = route.tail()
+            measured = (
+                [f"{tail['p50']:g}", f"{tail['p99']:g}", f"{tail['max']:g}"]
+                if tail
+                else ["-", "-", "-"]
+            )
+            check = "; ".join(route.warnings()) or "ok"
+            rows.append(
+                [route.name, str(len(route.latencies)), *measured, f"{route.timeout_s:g}", check]
+            )
+        _table(rows, ["route", "requests", "p50_s", "p99_s", "max_s", "timeout_s", "check"])
+    for problem in advice.problems:
+        print(f"problem: {problem}")
+
+
+def _seconds_text(value: object) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _table(rows: list[list[str]], header: list[str], indent: str = "") -> None:
+    shown = [header, *rows] if any(header) else rows
+    widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
+    for row in shown:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(indent + line.rstrip())
 
 
 if __name__ == "__main__":

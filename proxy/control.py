@@ -43,6 +43,7 @@ def add_routes(app: web.Application) -> None:
     get(f"{PREFIX}/reconcile", list_in_doubt)
     get("/_fence/metrics", metrics)
     get(f"{PREFIX}/rejections", list_rejections)
+    get(f"{PREFIX}/lease-advice", lease_advice)
     get("/_fence/healthz", healthz)
     get("/_fence/readyz", readyz)
     get(f"{PREFIX}/openapi.json", openapi_document)
@@ -258,6 +259,24 @@ async def list_rejections(request: web.Request) -> web.Response:
         runtime_of(request).store, query.get("resource"), query.get("limit")
     )
     return web.json_response({"rejections": [r.as_json() for r in rejections]})
+
+
+async def lease_advice(request: web.Request) -> web.Response:
+    """What `fenceproxy lease-advice --json` prints, from the same operation."""
+    require_admin(request)
+    runtime = runtime_of(request)
+    query = request.query
+    advice = await operations.lease_advice(
+        runtime.store,
+        runtime.policy,
+        resource=query.get("resource"),
+        since=query.get("since"),
+        margin=query.get("margin"),
+        poll_interval=query.get("poll_interval"),
+        targets=query.get("targets"),
+        leases=query.get("leases"),
+    )
+    return web.json_response(advice.as_json())
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -13,11 +13,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from core.leasing_advice import OTHER_GROUP, Ending, group_of
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
-from store import Purged, Receipt, Store
+from store import CAME_BACK, Purged, Receipt, Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A turn (grant to release) lasts from milliseconds to the longest leases allowed.
+TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+# Lease groups past the routes' templates, by resource prefix (`job:*`): anyone may
+# take a lease on any name, so past this many prefixes the rest are counted as "*".
+MAX_PREFIX_LABELS = 20
+LEASE_ENDINGS = (Ending.RELEASED, Ending.REVOKED, Ending.SUPERSEDED)
 
 
 class Metrics:
@@ -79,6 +86,29 @@ class Metrics:
             "Resources with an UNKNOWN or CONFLICTING effect (waiting for reconciliation)",
             registry=self.registry,
         )
+        self.turns = Histogram(
+            "fenceproxy_lease_turn_seconds",
+            "Grant to release of the leases their holders released, by resource group",
+            ["group"],
+            buckets=TURN_BUCKETS,
+            registry=self.registry,
+        )
+        self.leases_ended = Counter(
+            "fenceproxy_leases_ended",
+            "Leases this process ended, by resource group and how (released, revoked, "
+            "superseded: expired and taken over)",
+            ["group", "how"],
+            registry=self.registry,
+        )
+        self.false_expiries = Counter(
+            "fenceproxy_lease_false_expiries",
+            "Leases whose holder came back after they expired (measured false expiries)",
+            ["group"],
+            registry=self.registry,
+        )
+        # The fenced routes' resource templates as globs (`rule:*`), set by watch_leases.
+        self.route_groups: tuple[str, ...] = ()
+        self._prefix_groups: set[str] = set()
         self.oldest_in_doubt = Gauge(
             "fenceproxy_oldest_in_doubt_age_seconds",
             "Age of the oldest DISPATCHING, UNKNOWN or CONFLICTING effect (0 when none)",
@@ -117,6 +147,34 @@ class Metrics:
     def count_retention(self, purged: Purged) -> None:
         self._child(self.retention_deleted, "effects").inc(purged.effects)
         self._child(self.retention_deleted, "rejections").inc(purged.rejections)
+
+    def watch_leases(self, store: Store, route_groups: tuple[str, ...]) -> None:
+        """Count how the store's leases end, grouped by the fenced routes' templates."""
+        self.route_groups = route_groups
+        for group in route_groups:
+            self._child(self.false_expiries, group)
+            for how in LEASE_ENDINGS:
+                self._child(self.leases_ended, group, how)
+        store.lease_observer = self.observe_lease
+
+    def lease_group(self, resource: str) -> str:
+        """A bounded label: a route template's glob, or one of the first prefixes seen."""
+        group = group_of(resource, self.route_groups)
+        if group in self.route_groups or group in self._prefix_groups:
+            return group
+        if len(self._prefix_groups) >= MAX_PREFIX_LABELS:
+            return OTHER_GROUP
+        self._prefix_groups.add(group)
+        return group
+
+    def observe_lease(self, resource: str, how: str, turn_s: float | None) -> None:
+        group = self.lease_group(resource)
+        if how == CAME_BACK:
+            self._child(self.false_expiries, group).inc()
+            return
+        self._child(self.leases_ended, group, how).inc()
+        if turn_s is not None:
+            self._child(self.turns, group).observe(turn_s)
 
     def observe_upstream(self, route: str, seconds: float) -> None:
         self._child(self.upstream_latency, route).observe(seconds)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from core.codes import ErrorCode
+from core.leasing_advice import DEFAULT_MARGIN, DEFAULT_POLL_INTERVAL_S, DEFAULT_TARGETS
 from core.records import EffectState
 from policies.model import (
     HOLDER_CHARS,
@@ -20,7 +21,17 @@ from policies.model import (
     RESOURCE_CHARS,
     LeaseBounds,
 )
-from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_TEXT_CHARS, OUTCOMES
+from proxy.operations import (
+    DEFAULT_LIST_LIMIT,
+    GLOB_CHARS,
+    MAX_GRID_POINTS,
+    MAX_LIST_LIMIT,
+    MAX_MARGIN,
+    MAX_POLL_INTERVAL_S,
+    MAX_TARGETS,
+    MAX_TEXT_CHARS,
+    OUTCOMES,
+)
 from proxy.tokens import TOKEN_RE
 
 
@@ -87,6 +98,143 @@ _STATE = {
     "schema": {"type": "string", "enum": list(EffectState.__members__)},
 }
 _ADMIN: list[dict[str, list[str]]] = [{"admin": []}]
+# A plain decimal number (the operation also takes an exponent, but never needs one).
+_DECIMAL = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+def _comma_list(most: int) -> dict[str, Any]:
+    return {"type": "string", "pattern": f"^{_DECIMAL}(?:,{_DECIMAL}){{0,{most - 1}}}$"}
+
+
+_LEASE_ADVICE_PARAMETERS = [
+    _query(
+        "resource",
+        "one group: the resources this glob (fnmatch) matches; default: one group per "
+        "fenced route's resource template and one per other resource prefix",
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_RESOURCE_CHARS,
+            "pattern": f"^[{GLOB_CHARS}]+$",
+        },
+    ),
+    _query(
+        "since",
+        "only leases granted (and effects created) in the last this many seconds",
+        {"type": "number", "exclusiveMinimum": 0},
+    ),
+    _query(
+        "margin",
+        f"suggested TTL = margin x the longest turn (default {DEFAULT_MARGIN:g})",
+        {"type": "number", "minimum": 1, "maximum": MAX_MARGIN},
+    ),
+    _query(
+        "poll_interval",
+        "seconds between a successor's acquire attempts, for the detection delay "
+        f"(default {DEFAULT_POLL_INTERVAL_S:g})",
+        {"type": "number", "minimum": 0, "maximum": MAX_POLL_INTERVAL_S},
+    ),
+    _query(
+        "targets",
+        "false-expiry rates (0-1), comma-separated "
+        f"(default {','.join(f'{t:g}' for t in DEFAULT_TARGETS)})",
+        _comma_list(MAX_TARGETS),
+    ),
+    _query(
+        "leases",
+        "lease lengths (seconds, more than 0) of the false-expiry curve, comma-separated "
+        "(default: a round grid up to the longest turn)",
+        _comma_list(MAX_GRID_POINTS),
+    ),
+]
+_SECONDS_OR_NULL = {"type": ["number", "null"]}
+
+
+def _lease_advice_schema() -> dict[str, Any]:
+    group = {
+        "type": "object",
+        "required": [
+            "resource",
+            "turns",
+            "turn_s",
+            "shortest_lease_s",
+            "false_expiry_curve",
+            "suggested_ttl_s",
+            "detection_delay_s",
+            "expired",
+            "ttls_in_use_s",
+            "warnings",
+        ],
+        "properties": {
+            "resource": {"type": "string"},
+            "turns": {"type": "integer", "minimum": 0},
+            "turn_s": {
+                "type": ["object", "null"],
+                "properties": {p: {"type": "number"} for p in ("p50", "p90", "p99", "max")},
+            },
+            "shortest_lease_s": {
+                "type": ["object", "null"],
+                "additionalProperties": _SECONDS_OR_NULL,
+            },
+            "false_expiry_curve": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["lease_s", "share"],
+                    "properties": {
+                        "lease_s": {"type": "number"},
+                        "share": {"type": "number", "minimum": 0, "maximum": 1},
+                    },
+                },
+            },
+            "suggested_ttl_s": _SECONDS_OR_NULL,
+            "detection_delay_s": {
+                "type": ["object", "null"],
+                "required": ["lease_s", "turn_s", "poll_interval_s", "expected"],
+            },
+            "expired": {
+                "type": "object",
+                "required": ["total", "holder_came_back", "never_came_back"],
+                "properties": {
+                    key: {"type": "integer", "minimum": 0}
+                    for key in ("total", "holder_came_back", "never_came_back")
+                },
+            },
+            "ttls_in_use_s": {"type": ["object", "null"]},
+            "warnings": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    route = {
+        "type": "object",
+        "required": ["route", "requests", "upstream_s", "timeout_s"],
+        "properties": {
+            "route": {"type": "string"},
+            "requests": {"type": "integer", "minimum": 0},
+            "upstream_s": {"type": ["object", "null"]},
+            "timeout_s": {"type": "number"},
+            "warnings": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["groups", "routes"],
+        "properties": {
+            "groups": {"type": "array", "items": group},
+            "routes": {"type": "array", "items": route},
+            "problems": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+
 
 # What any control call can be answered with, whatever it asks: a duplicated
 # authority header, oversized headers, a store that fails, a bug.
@@ -488,6 +636,18 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "rejections",
                             )
                         },
+                        [ErrorCode.UNAUTHORIZED],
+                    ),
+                }
+            },
+            "/_fence/v1/lease-advice": {
+                "get": {
+                    "summary": "lease TTLs from the measured turns of recorded leases "
+                    "(what `fenceproxy lease-advice --json` prints)",
+                    "security": _ADMIN,
+                    "parameters": _LEASE_ADVICE_PARAMETERS,
+                    "responses": _responses(
+                        {"200": _json(_lease_advice_schema(), "the advice")},
                         [ErrorCode.UNAUTHORIZED],
                     ),
                 }

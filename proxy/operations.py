@@ -9,6 +9,7 @@ anything of its own, so the two cannot disagree about what is allowed.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,10 +18,21 @@ from typing import Any
 import aiohttp
 
 from core.codes import ErrorCode
+from core.leasing_advice import (
+    DEFAULT_MARGIN,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_TARGETS,
+    Advice,
+    AdviceRequest,
+    RouteSpec,
+    advise,
+    template_glob,
+)
 from core.lifecycle import BLOCKING
 from core.probing import DEADLINE_MARGIN_S
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
+from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
 from reconcile.prober import ProbeResult, probe_effect
 from store import LeaseView, Store
 
@@ -298,3 +310,125 @@ async def resolve(
     if isinstance(result, Refusal):
         raise OperationRefused.from_refusal(result)
     return result
+
+
+# --- lease sizing (issue 9) --------------------------------------------------------------
+
+# A resource glob: resource characters and fnmatch's * ? [ ] !
+GLOB_CHARS = r"*?\[\]!" + RESOURCE_CHARS
+GLOB_RE = re.compile(rf"[{GLOB_CHARS}]{{1,{MAX_RESOURCE_CHARS}}}\Z")
+# Digits, a point, an exponent: no "nan", "inf", "1_0" or spaces, which float() takes.
+_NUMBER = re.compile(r"[0-9.eE+-]{1,32}\Z")
+MAX_MARGIN = 100.0
+MAX_POLL_INTERVAL_S = 86400.0
+MAX_TARGETS = 20
+MAX_GRID_POINTS = 100
+MAX_GRID_LEASE_S = 86400.0 * 365
+
+
+def _number(raw: str, field: str, rule: str) -> float:
+    if _NUMBER.match(raw):
+        try:
+            value = float(raw)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value):
+                return value
+    raise _invalid(f"{field}: {_shown(raw)} is not a number ({rule})")
+
+
+def _bounded_number(
+    raw: str | None, field: str, low: float, high: float, default: float, low_open: bool = False
+) -> float:
+    rule = f"{'more than' if low_open else 'at least'} {low:g}"
+    if math.isfinite(high):
+        rule += f" and at most {high:g}"
+    if raw is None:
+        return default
+    value = _number(raw, field, rule)
+    if value < low or (low_open and value == low) or value > high:
+        raise _invalid(f"{field} must be {rule}")
+    return value
+
+
+def _numbers(raw: str, field: str, low: float, high: float, most: int) -> tuple[float, ...]:
+    rule = f"comma-separated numbers from {low:g} to {high:g}, at most {most}"
+    parts = raw.split(",")
+    if len(parts) > most:
+        raise _invalid(f"{field}: {rule}")
+    values = tuple(_bounded_number(part, field, low, high, 0.0) for part in parts)
+    return tuple(dict.fromkeys(values))
+
+
+def resource_glob(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    if not GLOB_RE.match(raw):
+        raise _invalid(
+            f"resource: {_shown(raw)} is not a resource glob: 1-{MAX_RESOURCE_CHARS} "
+            "characters of A-Z a-z 0-9 . _ : @ / + = - and * ? [ ] !"
+        )
+    return raw
+
+
+def advice_request(
+    policy: Policy,
+    resource: str | None,
+    since: str | None,
+    margin: str | None,
+    poll_interval: str | None,
+    targets: str | None,
+    leases: str | None,
+) -> AdviceRequest:
+    """The advice's parameters from text (a query string's, the CLI's): each refused
+    with `invalid_request` naming it, before anything is read."""
+    since_s = None
+    if since is not None:
+        since_s = _bounded_number(since, "since", 0.0, math.inf, 0.0, low_open=True)
+    grid = None
+    if leases is not None:
+        grid = tuple(sorted(_numbers(leases, "leases", 0.0, MAX_GRID_LEASE_S, MAX_GRID_POINTS)))
+        if 0.0 in grid:
+            raise _invalid("leases: every lease must be more than 0 seconds")
+    bounds = policy.leases
+    return AdviceRequest(
+        resource=resource_glob(resource),
+        since_s=since_s,
+        margin=_bounded_number(margin, "margin", 1.0, MAX_MARGIN, DEFAULT_MARGIN),
+        poll_interval_s=_bounded_number(
+            poll_interval, "poll_interval", 0.0, MAX_POLL_INTERVAL_S, DEFAULT_POLL_INTERVAL_S
+        ),
+        targets=DEFAULT_TARGETS
+        if targets is None
+        else _numbers(targets, "targets", 0.0, 1.0, MAX_TARGETS),
+        leases=grid,
+        min_ttl_s=bounds.min_ttl_s,
+        max_ttl_s=bounds.max_ttl_s,
+        default_ttl_s=bounds.default_ttl_s,
+    )
+
+
+def fenced_routes(policy: Policy) -> tuple[RouteSpec, ...]:
+    return tuple(
+        RouteSpec(route.name, template_glob(route.resource.raw), route.upstream.timeout_s)
+        for route in policy.routes
+        if route.fenced and route.resource is not None
+    )
+
+
+async def lease_advice(
+    store: Store,
+    policy: Policy,
+    resource: str | None = None,
+    since: str | None = None,
+    margin: str | None = None,
+    poll_interval: str | None = None,
+    targets: str | None = None,
+    leases: str | None = None,
+) -> Advice:
+    """TTLs from the measured turns of recorded leases (core/leasing_advice.py): what
+    `fenceproxy lease-advice` prints and GET /_fence/v1/lease-advice answers."""
+    request = advice_request(policy, resource, since, margin, poll_interval, targets, leases)
+    recorded = await store.lease_lives(request.since_s)
+    return advise(recorded.lives, recorded.latencies, fenced_routes(policy), request, recorded.now)

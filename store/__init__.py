@@ -7,7 +7,9 @@ from collections.abc import Callable
 from policies.store_backends import StoreBackend, store_backend
 from store.base import Connector, StoreError, StoreUnavailable
 from store.manager import (
+    CAME_BACK,
     Admitted,
+    LeaseLives,
     LeaseView,
     NewEffect,
     Purged,
@@ -49,7 +51,9 @@ def open_store(url: str, clock: Clock, instance_id: str, pool: tuple[int, int] =
 
 
 __all__ = [
+    "CAME_BACK",
     "Admitted",
+    "LeaseLives",
     "LeaseView",
     "NewEffect",
     "Purged",

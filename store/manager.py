@@ -20,6 +20,7 @@ from typing import Any
 from core import fencing, lifecycle
 from core.codes import ErrorCode
 from core.fencing import AdmissionRequest, Admit, Grant, LiveLeases, Replay
+from core.leasing_advice import Ending, LeaseLife, holder_came_back
 from core.lifecycle import Event, Key, Record, Transition
 from core.probing import check_resolvable
 from core.records import (
@@ -147,6 +148,24 @@ class StoreIdentity:
 
 # Effects admitted before retention ran from settlement did not record their route's.
 DEFAULT_RETAIN_S = 86400.0
+# What one lease-advice read takes at most of each (the newest): bounded whatever the
+# store holds, and plenty for percentiles.
+MAX_ADVICE_ROWS = 100_000
+
+# Told, once its transaction committed, how a lease ended (an Ending, or "came_back":
+# its holder showed it was alive after the lease expired), with the turn's length for
+# a release: the proxy's metrics (proxy/metrics.py) count them.
+LeaseObserver = Callable[[str, str, float | None], None]
+CAME_BACK = "came_back"
+
+
+@dataclass(frozen=True)
+class LeaseLives:
+    """What lease-advice reads, as of one moment of the store's clock."""
+
+    lives: tuple[LeaseLife, ...]
+    latencies: tuple[tuple[str, float], ...]  # (route, admission to receipt, seconds)
+    now: float
 
 
 class Store:
@@ -159,6 +178,11 @@ class Store:
         # but not committed them would judge the per-code bound on rows it cannot see
         # (overshooting it on PostgreSQL), and a listing after it would miss them.
         self._flushing = asyncio.Lock()
+        self.lease_observer: LeaseObserver | None = None
+
+    def _observe(self, resource: str, how: str, turn_s: float | None = None) -> None:
+        if self.lease_observer is not None:
+            self.lease_observer(resource, how, turn_s)
 
     async def open(self) -> None:
         await self.connector.open()
@@ -178,7 +202,10 @@ class Store:
         """Grant a new lease at a higher epoch; returns it with the transaction's clock.
         `max_live_leases` caps the live leases of the holder (0: no cap)."""
 
+        superseded = False
+
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
+            nonlocal superseded
             state = await _resource_state(tx, resource, lock=True)
             live = None
             if max_live_leases > 0:
@@ -186,37 +213,68 @@ class Store:
             decision = fencing.decide_acquire(state, ttl_s, tx.now, live)
             if isinstance(decision, Refusal):
                 return decision
-            await _grant(tx, resource, holder, token_hash, decision)
+            # A grant over a lease nobody ended: it expired, and is taken over now.
+            superseded = state.current_lease() is not None
+            if superseded:
+                await tx.execute(
+                    "end_lease",
+                    resource=resource,
+                    epoch=state.epoch,
+                    ended_at=tx.now,
+                    end_reason=Ending.SUPERSEDED,
+                )
+            await _grant(tx, resource, holder, token_hash, decision, ttl_s)
             lease = LeaseRecord(
                 resource, decision.epoch, holder, tx.now, decision.expires_at, None, None
             )
             return lease, tx.now
 
-        return await self.connector.write(operation)
+        granted = await self.connector.write(operation)
+        if superseded and not isinstance(granted, Refusal):
+            self._observe(resource, Ending.SUPERSEDED)
+        return granted
 
     async def renew(self, token_hash: str, ttl_s: float) -> tuple[LeaseRecord, float] | Refusal:
+        came_back: str | None = None
+
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
+            nonlocal came_back
+            came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
             refusal = fencing.decide_renew(lease, state, tx.now)
             if refusal is not None:
+                came_back = await _mark_came_back(tx, lease, refusal.code)
                 return refusal
             assert lease is not None
             expires_at = tx.now + ttl_s
             await tx.execute(
-                "extend_lease", resource=lease.resource, epoch=lease.epoch, expires_at=expires_at
+                "extend_lease",
+                resource=lease.resource,
+                epoch=lease.epoch,
+                expires_at=expires_at,
+                ttl_s=ttl_s,
             )
             renewed = LeaseRecord(
                 lease.resource, lease.epoch, lease.holder, lease.granted_at, expires_at, None, None
             )
             return renewed, tx.now
 
-        return await self.connector.write(operation)
+        renewed = await self.connector.write(operation)
+        if came_back is not None:
+            self._observe(came_back, CAME_BACK)
+        return renewed
 
     async def release(self, token_hash: str) -> LeaseRecord | Refusal:
+        """End the lease; the record returned has its ended_at (the turn's end)."""
+        came_back: str | None = None
+
         async def operation(tx: Tx) -> LeaseRecord | Refusal:
+            nonlocal came_back
+            came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
             refusal = fencing.decide_release(lease, state, tx.now)
             if refusal is not None:
+                came_back = await _mark_came_back(tx, lease, refusal.code)
                 return refusal
             assert lease is not None
             await tx.execute(
@@ -224,18 +282,32 @@ class Store:
                 resource=lease.resource,
                 epoch=lease.epoch,
                 ended_at=tx.now,
-                end_reason="released",
+                end_reason=Ending.RELEASED,
             )
-            return lease
+            # Released after it expired (allowed, to tidy up): its holder was alive.
+            came_back = await _mark_came_back(tx, lease, ErrorCode.LEASE_EXPIRED)
+            return replace(lease, ended_at=tx.now, end_reason=Ending.RELEASED)
 
-        return await self.connector.write(operation)
+        released = await self.connector.write(operation)
+        if not isinstance(released, Refusal):
+            assert released.ended_at is not None
+            self._observe(
+                released.resource, Ending.RELEASED, released.ended_at - released.granted_at
+            )
+        if came_back is not None:
+            self._observe(came_back, CAME_BACK)
+        return released
 
     async def revoke(self, resource: str, reason: str) -> tuple[int, int]:
         """Advance the epoch now; returns (old epoch, new epoch)."""
 
+        ended = False
+
         async def operation(tx: Tx) -> tuple[int, int]:
+            nonlocal ended
             state = await _resource_state(tx, resource, lock=True)
-            if state.current_lease() is not None:
+            ended = state.current_lease() is not None
+            if ended:
                 await tx.execute(
                     "end_lease",
                     resource=resource,
@@ -247,7 +319,41 @@ class Store:
             await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
             return state.epoch, advanced
 
-        return await self.connector.write(operation)
+        old, new = await self.connector.write(operation)
+        if ended:
+            self._observe(resource, Ending.REVOKED)
+        return old, new
+
+    async def lease_lives(self, since_s: float | None) -> LeaseLives:
+        """The leases granted, and the fenced effects created, in the last `since_s`
+        seconds of the store's clock (None: all), at most MAX_ADVICE_ROWS of each."""
+
+        async def operation(tx: Tx) -> LeaseLives:
+            since = tx.now - since_s if since_s is not None else float("-inf")
+            # -inf is not a parameter every driver takes; 0 is before any record.
+            since = max(since, 0.0)
+            rows = await tx.all("lease_lives", since=since, limit=MAX_ADVICE_ROWS)
+            effects = await tx.all("route_latencies", since=since, limit=MAX_ADVICE_ROWS)
+            return LeaseLives(
+                tuple(
+                    LeaseLife(
+                        resource=row["resource"],
+                        epoch=int(row["epoch"]),
+                        granted_at=float(row["granted_at"]),
+                        expires_at=float(row["expires_at"]),
+                        ended_at=_float_or_none(row["ended_at"]),
+                        end_reason=row["end_reason"],
+                        granted_ttl_s=_float_or_none(row["granted_ttl_s"]),
+                        renewals=int(row["renewals"]),
+                        came_back_at=_float_or_none(row["came_back_at"]),
+                    )
+                    for row in rows
+                ),
+                tuple((str(row["route"]), float(row["seconds"])) for row in effects),
+                tx.now,
+            )
+
+        return await self.connector.read(operation)
 
     async def lease_view(self, resource: str) -> LeaseView:
         async def operation(tx: Tx) -> LeaseView:
@@ -282,12 +388,15 @@ class Store:
         if isinstance(decided, _Counted):
             self.refusal_tally.add(_count_key(decided.rejection))
             return decided.refusal
+        if isinstance(decided, _CameBack):
+            self._observe(decided.resource, CAME_BACK)
+            return decided.refusal
         return decided
 
     def _admission(
         self, token_hash: str, new: NewEffect
-    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted]]:
-        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted:
+    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
             lease, state = await _lease_and_state(tx, token_hash)
             if lease is not None and lease.resource != new.resource:
                 state = None
@@ -323,9 +432,15 @@ class Store:
                 # A token that matches no lease (forged, yet well formed) is counted
                 # like any other refusal naming no lease, once the transaction is
                 # over (a retried transaction must not count it twice).
-                if not counted(rejection):
-                    await _insert_rejection(tx, rejection)
-                return _Counted(decision, rejection) if counted(rejection) else decision
+                if counted(rejection):
+                    return _Counted(decision, rejection)
+                await _insert_rejection(tx, rejection)
+                # Only a token of this very resource: another's says nothing of its lease.
+                if state is not None:
+                    came_back = await _mark_came_back(tx, lease, decision.code)
+                    if came_back is not None:
+                        return _CameBack(decision, came_back)
+                return decision
             assert isinstance(decision, Admit) and lease is not None
             effect = EffectRecord(
                 id=_new_effect_id(),
@@ -803,6 +918,10 @@ class Store:
         await self.connector.read(operation)
 
 
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _new_effect_id() -> str:
     """Time first, so ids sort by creation and index inserts land on the B-tree's edge."""
     return f"eff_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
@@ -1011,7 +1130,22 @@ async def _lease_and_state(
     return lease, state
 
 
-async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant) -> None:
+async def _mark_came_back(tx: Tx, lease: LeaseRecord | None, code: str) -> str | None:
+    """Mark `lease` if `code`, refusing its token now, proves its holder alive after the
+    lease expired (core.leasing_advice.holder_came_back); its resource if newly marked. In the
+    transaction that looked the token up: no round trip of its own."""
+    if lease is None or not holder_came_back(lease, code, tx.now):
+        return None
+    # Once per lease: a holder that retries its refused call is not counted again.
+    marked = await tx.execute(
+        "mark_came_back", resource=lease.resource, epoch=lease.epoch, now=tx.now
+    )
+    return lease.resource if marked else None
+
+
+async def _grant(
+    tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant, ttl_s: float
+) -> None:
     await tx.execute("set_resource_epoch", resource=resource, epoch=grant.epoch)
     await tx.execute(
         "insert_lease",
@@ -1021,6 +1155,7 @@ async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Gra
         token_hash=token_hash,
         granted_at=tx.now,
         expires_at=grant.expires_at,
+        ttl_s=ttl_s,
     )
 
 
@@ -1051,6 +1186,14 @@ def counted(rejection: Rejection) -> bool:
     names no lease. One row per request of those would let a client without a token
     fill the disk; a refusal naming a lease is evidence about a worker and is kept."""
     return rejection.code in COUNTED_CODES and rejection.holder is None and rejection.epoch is None
+
+
+@dataclass(frozen=True)
+class _CameBack:
+    """An admission refused to a holder whose lease had expired while it worked."""
+
+    refusal: Refusal
+    resource: str
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,33 @@ INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
 ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch
 
 -- insert_lease --
-INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at)
-VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at)
+INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at, granted_ttl_s)
+VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at, :ttl_s)
 
 -- extend_lease --
-UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch = :epoch
+UPDATE leases SET expires_at = :expires_at, renewals = renewals + 1, last_ttl_s = :ttl_s
+WHERE resource = :resource AND epoch = :epoch
+
+-- mark_came_back --
+-- Its holder presented the token after the lease expired: it was alive (issue 9).
+UPDATE leases SET came_back_at = :now
+WHERE resource = :resource AND epoch = :epoch AND came_back_at IS NULL
+
+-- lease_lives --
+-- The leases granted since :since, newest first (leases_by_grant), for lease-advice.
+SELECT resource, epoch, granted_at, expires_at, ended_at, end_reason, granted_ttl_s,
+       renewals, came_back_at
+FROM leases WHERE granted_at >= :since
+ORDER BY granted_at DESC LIMIT :limit
+
+-- route_latencies --
+-- Admission to receipt of the effects created since :since whose own receipt settled
+-- them (settled_by NULL: a probe or an operator rewrites finished_at), newest first
+-- (effects_by_time). One the upstream timeout left UNKNOWN counts at its timeout
+-- until a probe settles it.
+SELECT route, finished_at - created_at AS seconds FROM effects
+WHERE created_at >= :since AND finished_at IS NOT NULL AND settled_by IS NULL
+ORDER BY created_at DESC LIMIT :limit
 
 -- end_lease --
 UPDATE leases SET ended_at = :ended_at, end_reason = :end_reason

@@ -282,26 +282,36 @@ def test_reconcile_resolve_of_an_unknown_effect_is_one_line(cli: Cli, config: Pa
 # --- lease-advice -----------------------------------------------------------------------
 
 
-def test_lease_advice_prints_a_row_per_fenced_route(cli: Cli, config: Path) -> None:
+def test_lease_advice_prints_a_group_per_fenced_route_and_a_row_per_route(
+    cli: Cli, config: Path
+) -> None:
     result = cli("lease-advice", "--config", str(config))
     assert result.code == 0, result.err
-    header, *rows = result.out.splitlines()
-    assert header.split()[0] == "route"
+    lines = result.out.splitlines()
+    assert "supplier:*: 0 measured turn(s)" in lines
+    assert "rule:*: 0 measured turn(s)" in lines
+    header = next(line for line in lines if line.startswith("route "))
+    rows = lines[lines.index(header) + 1 :]
     assert [row.split()[0] for row in rows] == ["place-order", "put-rule"]
     assert all(row.split()[-1] == "ok" for row in rows)
 
 
-def test_lease_advice_json_suggests_a_ttl_above_the_upstream_timeout(
+def test_lease_advice_json_without_turns_suggests_twice_the_upstream_timeout(
     cli: Cli, config: Path
 ) -> None:
     result = cli("lease-advice", "--config", str(config), "--json")
     assert result.code == 0, result.err
     advice = result.json()
-    assert [a["route"] for a in advice] == ["place-order", "put-rule"]
-    for entry in advice:
-        assert entry["upstream_timeout_s"] == 5
-        assert entry["suggested_ttl_s"] > entry["upstream_timeout_s"]
-        assert entry["problems"] == []
+    assert [group["resource"] for group in advice["groups"]] == ["supplier:*", "rule:*"]
+    for group in advice["groups"]:
+        # Nothing measured yet: no turn statistics, and the routes' timeout decides.
+        assert group["turns"] == 0
+        assert group["turn_s"] is None
+        assert group["shortest_lease_s"] is None
+        assert group["suggested_ttl_s"] == 10
+    assert [route["route"] for route in advice["routes"]] == ["place-order", "put-rule"]
+    assert all(route["timeout_s"] == 5 for route in advice["routes"])
+    assert advice["problems"] == []
 
 
 def test_lease_advice_fails_when_max_ttl_is_below_an_upstream_timeout(
@@ -316,10 +326,16 @@ def test_lease_advice_fails_when_max_ttl_is_below_an_upstream_timeout(
     )
     table = cli("lease-advice", "--config", str(config))
     assert table.code != 0
-    rows = table.out.splitlines()[1:]
-    assert len(rows) == 2
-    assert all("max_ttl_s is below the upstream timeout" in row for row in rows)
+    problems = [line for line in table.out.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 2
+    assert all("every write is refused" in line for line in problems)
 
     as_json = cli("lease-advice", "--config", str(config), "--json")
     assert as_json.code != 0
-    assert all(entry["problems"] for entry in as_json.json())
+    assert len(as_json.json()["problems"]) == 2
+
+
+def test_lease_advice_refuses_a_bad_option_in_one_line(cli: Cli, config: Path) -> None:
+    result = cli("lease-advice", "--config", str(config), "--margin", "zero")
+    assert result.code != 0
+    assert "margin" in result.one_line_error()

@@ -14,6 +14,7 @@ import contextlib
 import io
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from aiohttp import ClientResponse
@@ -177,6 +178,28 @@ SAME: dict[str, Same] = {
         400,
         "invalid_request",
     ),
+    **{
+        f"lease-advice-{option}-{value}": Same(
+            "GET",
+            f"/_fence/v1/lease-advice?{option}={quote(value)}",
+            None,
+            ("lease-advice", f"--{option.replace('_', '-')}", value),
+            400,
+            "invalid_request",
+        )
+        for option, value in (
+            ("since", "0"),
+            ("since", "nan"),
+            ("margin", "0.5"),
+            ("margin", "1_0"),
+            ("poll_interval", "-1"),
+            ("targets", "0.5,1.5"),
+            ("targets", "0.5,,0.1"),
+            ("leases", "0,1"),
+            ("leases", "inf"),
+            ("resource", "a b"),
+        )
+    },
 }
 
 

@@ -23,6 +23,14 @@ Then it reads commands from stdin, one per line, until EOF:
     -> {"event": "decided", "epoch", "body", "idempotency_key", "at"}
     send                                   send the decided operation as `write` does
     -> {"event": "wrote", ...}
+    hold <seconds>                         work: a real sleep, the turn's known length
+    -> {"event": "held", "seconds", "at"}
+    renew <ttl_s>                          POST /_fence/v1/leases/renew with the token
+    -> {"event": "renewed", "status", "code", "at"}
+    release                                POST /_fence/v1/leases/release with the token
+    -> {"event": "released", "status", "code", "at"}
+
+"acquired" also says when the 201 arrived (`granted_at`, this process's clock).
 
 Every --header is added to each write (the demo upstream's fault knobs).
 
@@ -93,6 +101,7 @@ def acquire(proxy: Proxy, args: argparse.Namespace) -> dict[str, Any] | None:
         if status == 201 and isinstance(body, dict):
             lease: dict[str, Any] = body
             lease["attempts"] = attempts
+            lease["granted_at"] = time.time()
             return lease
         code = code_of(body)
         if code != "lease_held" or time.monotonic() >= deadline:
@@ -106,6 +115,23 @@ def acquire(proxy: Proxy, args: argparse.Namespace) -> dict[str, Any] | None:
             at=time.time(),
         )
         time.sleep(RETRY_INTERVAL_S)
+
+
+def lease_command(proxy: Proxy, token: str, command: str, argument: str) -> None:
+    if command == "hold":
+        seconds = float(argument)
+        time.sleep(seconds)
+        emit("held", seconds=seconds, at=time.time())
+        return
+    body = {"ttl_s": float(argument)} if command == "renew" else {}
+    status, answer, _ = proxy.call(
+        "POST",
+        f"/_fence/v1/leases/{command}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Fence-Token": token},
+    )
+    done = {"renew": "renewed", "release": "released"}[command]
+    emit(done, status=status, code=code_of(answer), at=time.time())
 
 
 def main() -> int:
@@ -136,6 +162,7 @@ def main() -> int:
         expires_at=lease["expires_at"],
         ttl_s=lease["ttl_s"],
         attempts=lease["attempts"],
+        granted_at=lease["granted_at"],
         view=view,
         at=time.time(),
     )
@@ -147,6 +174,9 @@ def main() -> int:
             body, _, key = rest.rpartition(" ")
             decided = (body, key)
             emit("decided", epoch=lease["epoch"], body=body, idempotency_key=key, at=time.time())
+            continue
+        if command in ("hold", "renew", "release"):
+            lease_command(proxy, lease["token"], command, rest)
             continue
         if command == "send" and decided is not None:
             body, key = decided

@@ -1,0 +1,576 @@
+"""Lease sizing from the measured tail (issue 9): the math, as pure functions.
+
+A *turn* is the time from a grant to its holder's release: how long the work really
+took. A lease shorter than a turn expires under a live worker (a false expiry); a
+longer one makes a crash wait (the detection delay). Everything here is exact and
+pinned by tests/unit/test_leasing_advice.py; nothing performs I/O or reads a clock.
+
+Decimal arithmetic where a result is printed to the millisecond: a float sum such as
+5.338 - 0.2695 + 0.025 lands on 5.09349999..., which would round the wrong way.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Context, Decimal
+from fnmatch import fnmatchcase
+from fractions import Fraction
+from typing import Any
+
+from core.records import LeaseRecord
+
+# The advice warns when it rests on fewer turns than this.
+FEW_TURNS = 20
+PERCENTILES = (50, 90, 99)
+DEFAULT_TARGETS = (0.5, 0.1, 0.05, 0.0)
+DEFAULT_MARGIN = 2.0
+DEFAULT_POLL_INTERVAL_S = 1.0
+# About this many points in the default false-expiry curve, on a round step.
+CURVE_POINTS = 12
+_ROUND_STEPS = (1, 2, 2.5, 5)
+# Refusals of a token whose lease has passed; `holder_came_back` says which of them
+# prove the holder was alive after its lease expired.
+_PAST_LEASE_CODES = frozenset({"lease_expired", "stale_epoch"})
+_MILLISECOND = Decimal("0.001")
+# Room for any float's digits to the millisecond: quantize refuses (InvalidOperation)
+# a result longer than its context's precision, and the default is 28 digits.
+_WIDE = Context(prec=400)
+
+
+def rounded(value: float) -> float:
+    """To the millisecond, halves up, as the advice prints every duration."""
+    return float(Decimal(repr(value)).quantize(_MILLISECOND, ROUND_HALF_UP, _WIDE))
+
+
+def nearest_rank(turns: Sequence[float], percent: float) -> float | None:
+    """pX = t_k with k = ceil(X/100 * n), k >= 1, of turns sorted ascending; None if
+    there are none. The rank is computed exactly (0.9 * 40 is 36, not 36.000...1)."""
+    if not turns:
+        return None
+    rank = math.ceil(Fraction(repr(percent)) * len(turns) / 100)
+    return turns[max(1, rank) - 1]
+
+
+def share_outliving(turns: Sequence[float], lease_s: float) -> float:
+    """|{t > lease_s}| / n of turns sorted ascending: the false-expiry rate of `lease_s`
+    for work that does not renew."""
+    if not turns:
+        return 0.0
+    return (len(turns) - bisect_right(turns, lease_s)) / len(turns)
+
+
+def shortest_lease(turns: Sequence[float], target: float) -> float | None:
+    """The smallest observed turn whose share of longer turns is at most `target`
+    (target 0 gives the longest turn); None without turns. Turns sorted ascending, so
+    the share only falls along them: the first that meets the target is the answer."""
+    for turn in turns:
+        if share_outliving(turns, turn) <= target:
+            return turn
+    return None
+
+
+def detection_delay(lease_s: float, typical_turn_s: float, poll_interval_s: float) -> float:
+    """E = T - D/2 + s/2: a crash falls uniformly within a turn of length D, the lease
+    then runs out T - D/2 later on average, and a successor polling every s seconds
+    notices s/2 after that."""
+    delay = _WIDE.add(
+        _WIDE.subtract(Decimal(repr(lease_s)), _WIDE.divide(Decimal(repr(typical_turn_s)), 2)),
+        _WIDE.divide(Decimal(repr(poll_interval_s)), 2),
+    )
+    return float(delay.quantize(_MILLISECOND, ROUND_HALF_UP, _WIDE))
+
+
+def default_grid(turns: Sequence[float]) -> tuple[float, ...]:
+    """Round lease lengths from one step up to the first that no turn outlives: the step
+    is the smallest of 1, 2, 2.5, 5 x 10^k that gives about CURVE_POINTS points."""
+    if not turns or turns[-1] <= 0:
+        return ()
+    longest = turns[-1]
+    wanted = longest / CURVE_POINTS
+    exponent = math.floor(math.log10(wanted))
+    step = next(
+        Decimal(str(base)) * Decimal(10) ** exponent
+        for base in (*_ROUND_STEPS, 10)
+        if Decimal(str(base)) * Decimal(10) ** exponent >= Decimal(repr(wanted))
+    )
+    points: list[float] = []
+    lease = step
+    while True:
+        points.append(float(lease))
+        if float(lease) >= longest:
+            return tuple(points)
+        lease += step
+
+
+def suggested_ttl(longest_turn_s: float | None, margin: float, floor_s: float) -> float:
+    """margin x the longest turn, raised to `floor_s` (what the group's routes need so
+    that `lease_too_short` never refuses a write: see `ttl_floor`)."""
+    measured = float(Decimal(repr(margin)) * Decimal(repr(longest_turn_s or 0.0)))
+    return max(measured, floor_s)
+
+
+def ttl_floor(longest_turn_s: float | None, upstream_timeouts_s: Iterable[float]) -> float:
+    """The shortest lease under which no write of a measured turn is refused as
+    `lease_too_short`: a write may come at the end of the longest turn and must still
+    find the route's upstream timeout left on the lease. A turn shorter than one
+    timeout counts as one (time to take the lease and send, and a renewal's round
+    trip: without measured turns this is the configuration-only advice, twice the
+    timeout)."""
+    timeout = max(upstream_timeouts_s, default=0.0)
+    if timeout == 0.0:
+        return 0.0
+    longest = max(Decimal(repr(longest_turn_s or 0.0)), Decimal(repr(timeout)))
+    return float(longest + Decimal(repr(timeout)))
+
+
+def holder_came_back(lease: LeaseRecord | None, code: str | None, now: float) -> bool:
+    """Whether a refusal of this lease's token proves its holder was alive after the
+    lease expired (a measured false expiry): refused as lease_expired or stale_epoch,
+    and the lease expired before anyone ended it. A lease released or revoked before
+    it expired is stale without saying anything about its holder's liveness."""
+    if lease is None or code not in _PAST_LEASE_CODES:
+        return False
+    ended = lease.ended_at if lease.ended_at is not None else now
+    return lease.expires_at <= ended and lease.expires_at <= now
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """What one group's turns say, for a grid of leases and a list of target rates."""
+
+    turns: int
+    percentiles: dict[int, float] | None  # None: no turn
+    longest: float | None
+    shortest_lease: dict[float, float | None]
+    curve: tuple[tuple[float, float], ...]  # (lease_s, share outliving it)
+
+
+def turn_stats(
+    durations: Iterable[float], targets: Sequence[float], grid: Sequence[float] | None
+) -> TurnStats:
+    turns = sorted(durations)
+    leases = default_grid(turns) if grid is None else tuple(grid)
+    percentiles = None
+    if turns:
+        percentiles = {p: rank for p in PERCENTILES if (rank := nearest_rank(turns, p)) is not None}
+    return TurnStats(
+        turns=len(turns),
+        percentiles=percentiles,
+        longest=turns[-1] if turns else None,
+        shortest_lease={target: shortest_lease(turns, target) for target in targets},
+        # A share of no turns means nothing: no curve without turns.
+        curve=tuple((lease, share_outliving(turns, lease)) for lease in leases) if turns else (),
+    )
+
+
+# -- one lease's life, and the advice built from many ------------------------------------
+
+
+class Ending:
+    """How a lease ended (None while it is live)."""
+
+    RELEASED = "released"  # by its holder: grant to release is a turn
+    REVOKED = "revoked"  # by an operator (or `store fence-restore`)
+    SUPERSEDED = "superseded"  # expired, and another holder took the resource over
+    EXPIRED = "expired"  # expired, and nobody has ended it since
+
+
+@dataclass(frozen=True)
+class LeaseLife:
+    """One lease as the store recorded it (store/manager.py `lease_lives`)."""
+
+    resource: str
+    epoch: int
+    granted_at: float
+    expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+    granted_ttl_s: float | None  # None: granted before this was recorded
+    renewals: int
+    came_back_at: float | None  # when its holder showed it was alive after expiry
+
+    def ending(self, now: float) -> str | None:
+        if self.ended_at is None:
+            return Ending.EXPIRED if self.expires_at <= now else None
+        if self.end_reason == Ending.RELEASED:
+            return Ending.RELEASED
+        if self.end_reason == Ending.SUPERSEDED:
+            return Ending.SUPERSEDED
+        return Ending.REVOKED
+
+    def turn_s(self) -> float | None:
+        """Grant to release: the time the work took (only a released lease says)."""
+        if self.end_reason != Ending.RELEASED or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.granted_at)
+
+    def expired(self, now: float) -> bool:
+        """Its lease ran out before anyone ended it (a release after expiry included)."""
+        return self.expires_at <= (self.ended_at if self.ended_at is not None else now)
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """A fenced route as the advice needs it: its resource template as a glob."""
+
+    name: str
+    resource_glob: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class AdviceRequest:
+    """What was asked: every field already validated (proxy/operations.py)."""
+
+    resource: str | None  # a glob; None: one group per route template and prefix
+    since_s: float | None
+    margin: float = DEFAULT_MARGIN
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    targets: tuple[float, ...] = DEFAULT_TARGETS
+    leases: tuple[float, ...] | None = None  # the curve's grid; None: default_grid
+    min_ttl_s: float = 0.0  # the policy's bounds: a suggestion is never below min
+    max_ttl_s: float = math.inf
+    default_ttl_s: float | None = None
+
+
+# Groups of resources no route template covers, by prefix: past this many (the busiest
+# kept), the rest share one "*" group, so that made-up names cannot grow the output.
+MAX_PREFIX_GROUPS = 50
+OTHER_GROUP = "*"
+
+
+def template_glob(template: str) -> str:
+    """`rule:{rule_id}` → `rule:*`: the resources a route template renders."""
+    glob, depth = [], 0
+    for char in template:
+        if char == "{":
+            if depth == 0:
+                glob.append("*")
+            depth += 1
+        elif char == "}" and depth:
+            depth -= 1
+        elif depth == 0:
+            glob.append(char)
+    return "".join(glob)
+
+
+def prefix_group(resource: str) -> str:
+    """`job:42` → `job:*`; a name without ':' belongs to the catch-all group."""
+    head, colon, _ = resource.partition(":")
+    return f"{head}:*" if colon else OTHER_GROUP
+
+
+def group_of(resource: str, route_globs: Sequence[str]) -> str:
+    """The first route template that renders `resource`, else its prefix."""
+    for glob in route_globs:
+        if fnmatchcase(resource, glob):
+            return glob
+    return prefix_group(resource)
+
+
+def routes_of_group(group: str, routes: Sequence[RouteSpec]) -> list[RouteSpec]:
+    """The fenced routes whose writes a group's holders may send: the route's glob
+    matches the group's text (`rule:r1`, `rule:*`) or the group's matches the route's
+    (`*`, `rule:*`)."""
+    return [
+        route
+        for route in routes
+        if fnmatchcase(group, route.resource_glob) or fnmatchcase(route.resource_glob, group)
+    ]
+
+
+def target_key(target: float) -> str:
+    """A target rate as the JSON key spells it: 0.5, 0.05, 0."""
+    return f"{target:g}"
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else rounded(value)
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.3g}%"
+
+
+@dataclass(frozen=True)
+class GroupAdvice:
+    resource: str
+    stats: TurnStats
+    turns_s: tuple[float, ...]  # sorted ascending
+    suggested_ttl_s: float | None
+    detection_delay_s: float | None
+    typical_turn_s: float | None
+    poll_interval_s: float
+    expired: int
+    came_back: int
+    ttls_in_use: tuple[float, ...]  # sorted ascending
+    warnings: tuple[str, ...]
+
+    def false_expiries_at(self, lease_s: float) -> int:
+        """How many measured turns a lease of `lease_s` would have cut short."""
+        return sum(1 for t in self.turns_s if t > lease_s)
+
+    def as_json(self) -> dict[str, Any]:
+        stats = self.stats
+        turn_s = None
+        if stats.percentiles is not None:
+            turn_s = {f"p{p}": rounded(v) for p, v in stats.percentiles.items()}
+            turn_s["max"] = rounded(stats.longest or 0.0)
+        shortest = None
+        if stats.turns:
+            shortest = {target_key(t): _seconds(v) for t, v in stats.shortest_lease.items()}
+        ttls = None
+        if self.ttls_in_use:
+            ttls = {
+                "p50": nearest_rank(self.ttls_in_use, 50),
+                "min": self.ttls_in_use[0],
+            }
+        delay = None
+        if self.detection_delay_s is not None:
+            delay = {
+                "lease_s": _seconds(self.suggested_ttl_s),
+                "turn_s": _seconds(self.typical_turn_s),
+                "poll_interval_s": self.poll_interval_s,
+                "expected": self.detection_delay_s,
+            }
+        return {
+            "resource": self.resource,
+            "turns": stats.turns,
+            "turn_s": turn_s,
+            "shortest_lease_s": shortest,
+            "false_expiry_curve": [
+                {"lease_s": lease, "share": share} for lease, share in stats.curve
+            ],
+            "suggested_ttl_s": _seconds(self.suggested_ttl_s),
+            "detection_delay_s": delay,
+            "expired": {
+                "total": self.expired,
+                "holder_came_back": self.came_back,
+                "never_came_back": self.expired - self.came_back,
+            },
+            "ttls_in_use_s": ttls,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class RouteAdvice:
+    name: str
+    latencies: tuple[float, ...]  # sorted ascending
+    timeout_s: float
+
+    def tail(self) -> dict[str, float] | None:
+        if not self.latencies:
+            return None
+        return {
+            "p50": rounded(nearest_rank(self.latencies, 50) or 0.0),
+            "p99": rounded(nearest_rank(self.latencies, 99) or 0.0),
+            "max": rounded(self.latencies[-1]),
+        }
+
+    def warnings(self) -> list[str]:
+        p99 = nearest_rank(self.latencies, 99)
+        if p99 is None or p99 < self.timeout_s:
+            return []
+        return [
+            f"route {self.name}: the upstream timeout {self.timeout_s:g} s sits inside the "
+            f"measured tail (p99 {rounded(p99):g} s): slow answers are cut off and their "
+            "outcome becomes unknown"
+        ]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "route": self.name,
+            "requests": len(self.latencies),
+            "upstream_s": self.tail(),
+            "timeout_s": self.timeout_s,
+            "warnings": self.warnings(),
+        }
+
+
+@dataclass(frozen=True)
+class Advice:
+    groups: tuple[GroupAdvice, ...]
+    routes: tuple[RouteAdvice, ...]
+    # What no TTL can fix: the policy itself refuses every write of a route.
+    problems: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "groups": [group.as_json() for group in self.groups],
+            "routes": [route.as_json() for route in self.routes],
+            "problems": list(self.problems),
+        }
+
+
+def advise(
+    lives: Iterable[LeaseLife],
+    latencies: Iterable[tuple[str, float]],
+    routes: Sequence[RouteSpec],
+    request: AdviceRequest,
+    now: float,
+) -> Advice:
+    """The advice from recorded leases (already limited to `since`) and upstream
+    latencies (route, seconds) of the fenced routes `routes`."""
+    by_group: dict[str, list[LeaseLife]] = {}
+    if request.resource is not None:
+        by_group[request.resource] = [
+            life for life in lives if fnmatchcase(life.resource, request.resource)
+        ]
+    else:
+        globs = [route.resource_glob for route in routes]
+        for glob in dict.fromkeys(globs):
+            by_group[glob] = []
+        for life in lives:
+            by_group.setdefault(group_of(life.resource, globs), []).append(life)
+        by_group = _bounded(by_group, set(globs))
+    groups = tuple(
+        _group_advice(name, members, routes_of_group(name, routes), request, now)
+        for name, members in by_group.items()
+    )
+    measured: dict[str, list[float]] = {route.name: [] for route in routes}
+    for route, seconds in latencies:
+        if route in measured:
+            measured[route].append(seconds)
+    return Advice(
+        groups,
+        tuple(
+            RouteAdvice(route.name, tuple(sorted(measured[route.name])), route.timeout_s)
+            for route in routes
+        ),
+        tuple(
+            f"route {route.name}: leases.max_ttl_s {request.max_ttl_s:g} is below its "
+            f"upstream timeout {route.timeout_s:g} s: every write is refused (lease_too_short)"
+            for route in routes
+            if route.timeout_s > request.max_ttl_s
+        ),
+    )
+
+
+def _bounded(by_group: dict[str, list[LeaseLife]], kept: set[str]) -> dict[str, list[LeaseLife]]:
+    prefixes = sorted(
+        (name for name in by_group if name not in kept and name != OTHER_GROUP),
+        key=lambda name: (-len(by_group[name]), name),
+    )
+    if len(prefixes) <= MAX_PREFIX_GROUPS:
+        return by_group
+    folded = by_group.pop(OTHER_GROUP, [])
+    for name in prefixes[MAX_PREFIX_GROUPS:]:
+        folded.extend(by_group.pop(name))
+    by_group[OTHER_GROUP] = folded
+    return by_group
+
+
+def _group_advice(
+    name: str,
+    lives: Sequence[LeaseLife],
+    routes: Sequence[RouteSpec],
+    request: AdviceRequest,
+    now: float,
+) -> GroupAdvice:
+    turns = sorted(t for life in lives if (t := life.turn_s()) is not None)
+    stats = turn_stats(turns, request.targets, request.leases)
+    floor = ttl_floor(stats.longest, (route.timeout_s for route in routes))
+    suggested: float | None = None
+    if stats.longest is not None or floor > 0:
+        suggested = max(suggested_ttl(stats.longest, request.margin, floor), request.min_ttl_s)
+    typical = stats.percentiles[50] if stats.percentiles else None
+    delay = None
+    if suggested is not None and typical is not None:
+        delay = detection_delay(rounded(suggested), rounded(typical), request.poll_interval_s)
+    expired = [life for life in lives if life.expired(now)]
+    came_back = sum(1 for life in expired if life.came_back_at is not None)
+    ttls = tuple(sorted(life.granted_ttl_s for life in lives if life.granted_ttl_s is not None))
+    warnings = _warnings(stats, turns, routes, request, suggested, floor, ttls, came_back)
+    return GroupAdvice(
+        resource=name,
+        stats=stats,
+        turns_s=tuple(turns),
+        suggested_ttl_s=suggested,
+        detection_delay_s=delay,
+        typical_turn_s=typical,
+        poll_interval_s=request.poll_interval_s,
+        expired=len(expired),
+        came_back=came_back,
+        ttls_in_use=ttls,
+        warnings=tuple(warnings),
+    )
+
+
+def _warnings(
+    stats: TurnStats,
+    turns: Sequence[float],
+    routes: Sequence[RouteSpec],
+    request: AdviceRequest,
+    suggested: float | None,
+    floor: float,
+    ttls: Sequence[float],
+    came_back: int,
+) -> list[str]:
+    found = []
+    if stats.turns < FEW_TURNS:
+        found.append(
+            f"the advice rests on {stats.turns} measured turn(s), fewer than {FEW_TURNS}: "
+            "measure more before trusting it"
+        )
+    if ttls and turns:
+        outliving = share_outliving(turns, ttls[0])
+        if outliving > 0:
+            found.append(
+                f"holders request {ttls[0]:g} s but {_percent(outliving)} of turns take "
+                f"longer than that ({sum(1 for t in turns if t > ttls[0])} of {len(turns)}): "
+                "those leases expire under live workers unless they renew"
+            )
+    if came_back:
+        found.append(
+            f"{came_back} lease(s) expired while their holder was still working "
+            "(measured false expiries)"
+        )
+    if suggested is not None and stats.longest is not None:
+        measured = suggested_ttl(stats.longest, request.margin, 0.0)
+        if floor > measured:
+            slowest = max(routes, key=lambda route: route.timeout_s)
+            found.append(
+                f"raised to {rounded(floor):g} s: a write at the end of the longest turn "
+                f"must still find route {slowest.name}'s upstream timeout of "
+                f"{slowest.timeout_s:g} s on the lease (else lease_too_short)"
+            )
+    if suggested is not None and suggested > request.max_ttl_s:
+        found.append(
+            f"the suggested TTL {rounded(suggested):g} s is above leases.max_ttl_s "
+            f"{request.max_ttl_s:g}: raise the bound, or have holders renew"
+        )
+    for route in routes:
+        # A route whose timeout is above max_ttl_s is in Advice.problems.
+        if route.timeout_s > request.max_ttl_s:
+            continue
+        if request.default_ttl_s is not None and request.default_ttl_s < route.timeout_s:
+            found.append(
+                f"route {route.name}: leases.default_ttl_s {request.default_ttl_s:g} s is "
+                f"below its upstream timeout {route.timeout_s:g} s: holders must pass ttl_s"
+            )
+    return found
+
+
+def recommendation(group: GroupAdvice) -> str:
+    """One line for people: the TTL (rounded up to a tenth), what it would have cost."""
+    if group.suggested_ttl_s is None:
+        return f"{group.resource}: no measured turn and no fenced route: nothing to suggest"
+    # Up to the tenth (of the printed millisecond value, so the line agrees with the
+    # JSON): a shorter lease than the one suggested could cut turns short.
+    ttl = float(
+        Decimal(repr(rounded(group.suggested_ttl_s))).quantize(
+            Decimal("0.1"), rounding=ROUND_CEILING
+        )
+    )
+    if not group.turns_s:
+        return f"{group.resource}: suggest ttl_s {ttl:g} (no measured turn: from the routes)"
+    parts = [f"false expiry {group.false_expiries_at(ttl)} of {len(group.turns_s)} measured turns"]
+    if group.detection_delay_s is not None:
+        parts.append(f"a crash waits {group.detection_delay_s:.1f} s on average")
+    if group.came_back:
+        parts.append(f"{group.came_back} lease(s) expired while their holder was still working")
+    return f"{group.resource}: suggest ttl_s {ttl:g}: " + "; ".join(parts)

@@ -1,0 +1,318 @@
+"""The lease-sizing math of issue 9 (core/leasing_advice.py), pinned by the worked
+example and its edge cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.leasing_advice import (
+    AdviceRequest,
+    LeaseLife,
+    RouteSpec,
+    advise,
+    default_grid,
+    detection_delay,
+    group_of,
+    holder_came_back,
+    nearest_rank,
+    recommendation,
+    routes_of_group,
+    share_outliving,
+    shortest_lease,
+    suggested_ttl,
+    template_glob,
+    ttl_floor,
+    turn_stats,
+)
+from core.records import LeaseRecord
+
+# 40 turns with p50 0.539, p90 1.334, p99 = max 2.669 (the issue's worked example): 5
+# at or below 0.25 s, 15 at or below 0.5 s, t20 = 0.539, t36 = 1.334, t38 = 1.449.
+WORKED = sorted(
+    [0.1, 0.15, 0.2, 0.22, 0.25]
+    + [0.3, 0.32, 0.34, 0.36, 0.38, 0.4, 0.42, 0.44, 0.46, 0.5]
+    + [0.51, 0.52, 0.53, 0.535, 0.539]
+    + [round(0.6 + 0.04 * i, 3) for i in range(15)]
+    + [1.334, 1.4, 1.449, 2.0, 2.669]
+)
+TARGETS = (0.5, 0.1, 0.05, 0.0)
+
+
+def test_the_worked_example_has_the_issues_statistics() -> None:
+    assert len(WORKED) == 40
+    assert nearest_rank(WORKED, 50) == 0.539
+    assert nearest_rank(WORKED, 90) == 1.334
+    assert nearest_rank(WORKED, 99) == 2.669
+    assert WORKED[-1] == 2.669
+
+
+def test_the_worked_example_suggests_twice_the_longest_turn() -> None:
+    assert suggested_ttl(2.669, 2, 0.0) == 5.338
+
+
+def test_the_worked_example_detection_delay_is_t_minus_half_d_plus_half_s() -> None:
+    # 5.338 - 0.539/2 + 0.05/2 = 5.0935, which a float sum lands just under.
+    assert detection_delay(5.338, 0.539, 0.05) == 5.094
+
+
+def test_the_shortest_lease_for_half_the_turns_is_the_median() -> None:
+    assert shortest_lease(WORKED, 0.5) == nearest_rank(WORKED, 50) == 0.539
+    assert {t: shortest_lease(WORKED, t) for t in TARGETS} == {
+        0.5: 0.539,
+        0.1: 1.334,
+        0.05: 1.449,
+        0.0: 2.669,
+    }
+
+
+def test_the_share_outliving_a_lease_counts_strictly_longer_turns() -> None:
+    assert share_outliving(WORKED, 0.25) == 0.875
+    assert share_outliving(WORKED, 0.5) == 0.625
+    assert share_outliving(WORKED, 0.539) == 0.5
+    assert share_outliving(WORKED, 2.669) == 0.0
+    assert share_outliving([], 1.0) == 0.0
+
+
+def test_the_default_grid_is_a_round_step_up_to_the_longest_turn() -> None:
+    grid = default_grid(WORKED)
+    assert grid[:2] == (0.25, 0.5)
+    assert grid[-1] == 2.75
+    assert len(grid) == 11
+    assert default_grid([]) == ()
+
+
+def test_the_whole_group_answer_for_the_worked_example() -> None:
+    lives = [_released(f"rule:r{i}", turn) for i, turn in enumerate(WORKED)]
+    request = AdviceRequest(resource=None, since_s=None, poll_interval_s=0.05)
+    advice = advise(lives, [], [RouteSpec("put-rule", "rule:*", 0.5)], request, NOW)
+    (group,) = advice.as_json()["groups"]
+    assert group["resource"] == "rule:*"
+    assert group["turns"] == 40
+    assert group["turn_s"] == {"p50": 0.539, "p90": 1.334, "p99": 2.669, "max": 2.669}
+    assert group["shortest_lease_s"] == {"0.5": 0.539, "0.1": 1.334, "0.05": 1.449, "0": 2.669}
+    assert group["false_expiry_curve"][:2] == [
+        {"lease_s": 0.25, "share": 0.875},
+        {"lease_s": 0.5, "share": 0.625},
+    ]
+    assert group["suggested_ttl_s"] == 5.338
+    assert group["detection_delay_s"] == {
+        "lease_s": 5.338,
+        "turn_s": 0.539,
+        "poll_interval_s": 0.05,
+        "expected": 5.094,
+    }
+    assert group["expired"] == {"total": 0, "holder_came_back": 0, "never_came_back": 0}
+    assert recommendation(advice.groups[0]).startswith(
+        "rule:*: suggest ttl_s 5.4: false expiry 0 of 40 measured turns; "
+        "a crash waits 5.1 s on average"
+    )
+
+
+# -- edge cases --------------------------------------------------------------------------
+
+
+def test_one_turn_is_every_percentile_and_every_shortest_lease() -> None:
+    stats = turn_stats([0.7], TARGETS, None)
+    assert stats.percentiles == {50: 0.7, 90: 0.7, 99: 0.7}
+    assert stats.shortest_lease == dict.fromkeys(TARGETS, 0.7)
+
+
+def test_ties_count_as_one_lease_that_no_tied_turn_outlives() -> None:
+    turns = [1.0, 1.0, 1.0, 2.0]
+    assert share_outliving(turns, 1.0) == 0.25
+    assert shortest_lease(turns, 0.5) == 1.0
+    assert shortest_lease(turns, 0.2) == 2.0
+    assert nearest_rank(turns, 50) == 1.0
+    assert nearest_rank(turns, 75) == 1.0
+    assert nearest_rank(turns, 76) == 2.0
+
+
+def test_a_target_below_one_turn_in_n_needs_the_longest_turn() -> None:
+    # No turn but the longest keeps the rate at or below 1%: 1 of 40 is 2.5%.
+    assert shortest_lease(WORKED, 0.01) == 2.669
+    assert shortest_lease(WORKED, 0.025) == 2.0
+
+
+def test_nearest_rank_is_exact_and_at_least_one() -> None:
+    turns = [float(i) for i in range(1, 101)]
+    assert nearest_rank(turns, 99) == 99.0  # ceil(0.99 * 100) = 99, not 100
+    assert nearest_rank(turns, 0) == 1.0
+    assert nearest_rank([3.0, 4.0], 1) == 3.0
+
+
+def test_no_turns_give_nulls_not_zeros() -> None:
+    stats = turn_stats([], TARGETS, (1.0, 2.0))
+    assert stats.percentiles is None
+    assert stats.longest is None
+    assert stats.shortest_lease == dict.fromkeys(TARGETS)
+    assert stats.curve == ()
+    advice = advise([], [], [], AdviceRequest(resource="job:*", since_s=None), NOW)
+    (group,) = advice.as_json()["groups"]
+    assert group["turn_s"] is None
+    assert group["shortest_lease_s"] is None
+    assert group["suggested_ttl_s"] is None
+    assert group["detection_delay_s"] is None
+    assert group["turns"] == 0
+    assert any("fewer than 20" in warning for warning in group["warnings"])
+
+
+# -- the floor from the routes' upstream timeouts ------------------------------------------
+
+
+def test_the_ttl_is_raised_so_that_a_write_at_the_end_of_the_longest_turn_fits() -> None:
+    assert ttl_floor(7.0, [5.0, 1.0]) == 12.0
+    assert suggested_ttl(7.0, 1.5, ttl_floor(7.0, [5.0])) == 12.0
+    assert suggested_ttl(7.0, 2, ttl_floor(7.0, [5.0])) == 14.0
+    # A turn shorter than one timeout counts as one: twice the timeout, as the
+    # configuration-only advice said.
+    assert ttl_floor(0.1, [5.0]) == 10.0
+    assert ttl_floor(None, [5.0]) == 10.0
+    assert ttl_floor(3.0, []) == 0.0
+
+
+def test_a_raised_ttl_says_why_and_is_never_below_the_policys_minimum() -> None:
+    lives = [_released("rule:a", 0.5)]
+    request = AdviceRequest(resource=None, since_s=None, min_ttl_s=20.0)
+    advice = advise(lives, [], [RouteSpec("put-rule", "rule:*", 5.0)], request, NOW)
+    assert advice.groups[0].suggested_ttl_s == 20.0
+    request = AdviceRequest(resource=None, since_s=None)
+    advice = advise(lives, [], [RouteSpec("put-rule", "rule:*", 5.0)], request, NOW)
+    assert advice.groups[0].suggested_ttl_s == 10.0
+    assert any("raised to 10 s" in warning for warning in advice.groups[0].warnings)
+
+
+def test_a_route_whose_timeout_exceeds_max_ttl_is_a_problem() -> None:
+    request = AdviceRequest(resource=None, since_s=None, max_ttl_s=3.0)
+    advice = advise([], [], [RouteSpec("put-rule", "rule:*", 5.0)], request, NOW)
+    assert advice.problems and "every write is refused" in advice.problems[0]
+
+
+# -- groups ----------------------------------------------------------------------------------
+
+
+def test_groups_come_from_route_templates_then_prefixes() -> None:
+    assert template_glob("rule:{rule_id}") == "rule:*"
+    assert template_glob("tenant:{t}/doc:{id:[0-9]{3}}") == "tenant:*/doc:*"
+    assert group_of("rule:r1", ["rule:*"]) == "rule:*"
+    assert group_of("job:42", ["rule:*"]) == "job:*"
+    assert group_of("plain", ["rule:*"]) == "*"
+    routes = [RouteSpec("put-rule", "rule:*", 1.0), RouteSpec("order", "supplier:*", 2.0)]
+    assert [r.name for r in routes_of_group("rule:r1", routes)] == ["put-rule"]
+    assert [r.name for r in routes_of_group("*", routes)] == ["put-rule", "order"]
+    assert routes_of_group("job:*", routes) == []
+
+
+def test_a_resource_glob_makes_one_group_of_what_it_matches() -> None:
+    lives = [_released("rule:a", 1.0), _released("rule:b", 2.0), _released("job:1", 3.0)]
+    advice = advise(lives, [], [], AdviceRequest(resource="rule:*", since_s=None), NOW)
+    (group,) = advice.groups
+    assert (group.resource, group.stats.turns, group.stats.longest) == ("rule:*", 2, 2.0)
+
+
+def test_made_up_prefixes_cannot_grow_the_groups_without_bound() -> None:
+    lives = [_released(f"p{i}:x", 1.0) for i in range(200)]
+    advice = advise(lives, [], [], AdviceRequest(resource=None, since_s=None), NOW)
+    assert len(advice.groups) == 51
+    assert sum(group.stats.turns for group in advice.groups) == 200
+
+
+# -- how leases ended -----------------------------------------------------------------------
+
+
+def test_expired_leases_are_split_by_whether_their_holder_came_back() -> None:
+    lives = [
+        _life("job:1", ended_at=None, expires_at=NOW - 1, came_back_at=NOW),
+        _life("job:2", ended_at=None, expires_at=NOW - 1),
+        _life("job:3", ended_at=NOW - 0.5, expires_at=NOW - 1, end_reason="superseded"),
+        _life("job:4", ended_at=None, expires_at=NOW + 10),  # live
+        _life("job:5", ended_at=NOW - 5, expires_at=NOW - 1, end_reason="revoked: x"),
+    ]
+    advice = advise(lives, [], [], AdviceRequest(resource=None, since_s=None), NOW)
+    assert advice.as_json()["groups"][0]["expired"] == {
+        # job:3 expired before it was taken over; job:5 was revoked before it expired.
+        "total": 3,
+        "holder_came_back": 1,
+        "never_came_back": 2,
+    }
+    assert [life.ending(NOW) for life in lives] == [
+        "expired",
+        "expired",
+        "superseded",
+        None,
+        "revoked",
+    ]
+
+
+def test_a_holder_comes_back_only_to_a_lease_that_expired_before_it_ended() -> None:
+    expired = _record(expires_at=NOW - 1)
+    assert holder_came_back(expired, "lease_expired", NOW)
+    assert holder_came_back(expired, "stale_epoch", NOW)
+    assert not holder_came_back(expired, "wrong_resource", NOW)
+    assert not holder_came_back(None, "stale_epoch", NOW)
+    released_in_time = _record(expires_at=NOW - 1, ended_at=NOW - 2)
+    assert not holder_came_back(released_in_time, "stale_epoch", NOW)
+    superseded = _record(expires_at=NOW - 2, ended_at=NOW - 1)
+    assert holder_came_back(superseded, "stale_epoch", NOW)
+    live = _record(expires_at=NOW + 1)
+    assert not holder_came_back(live, "stale_epoch", NOW)
+
+
+def test_route_latencies_warn_when_the_timeout_sits_inside_the_tail() -> None:
+    routes = [RouteSpec("put-rule", "rule:*", 0.5)]
+    slow = [("put-rule", 0.1)] * 98 + [("put-rule", 0.5), ("put-rule", 0.5)]
+    advice = advise([], slow, routes, AdviceRequest(resource=None, since_s=None), NOW)
+    (route,) = advice.as_json()["routes"]
+    assert route["requests"] == 100
+    assert route["upstream_s"] == {"p50": 0.1, "p99": 0.5, "max": 0.5}
+    assert route["warnings"]
+    fast = [("put-rule", 0.1)] * 100
+    advice = advise([], fast, routes, AdviceRequest(resource=None, since_s=None), NOW)
+    assert advice.as_json()["routes"][0]["warnings"] == []
+
+
+NOW = 1_000_000.0
+
+
+def _life(
+    resource: str,
+    *,
+    ended_at: float | None,
+    expires_at: float,
+    end_reason: str | None = None,
+    came_back_at: float | None = None,
+) -> LeaseLife:
+    return LeaseLife(
+        resource=resource,
+        epoch=1,
+        granted_at=NOW - 100,
+        expires_at=expires_at,
+        ended_at=ended_at,
+        end_reason=end_reason,
+        granted_ttl_s=30.0,
+        renewals=0,
+        came_back_at=came_back_at,
+    )
+
+
+def _released(resource: str, turn_s: float) -> LeaseLife:
+    granted = NOW - 100
+    return LeaseLife(
+        resource=resource,
+        epoch=1,
+        granted_at=granted,
+        expires_at=granted + 30,
+        ended_at=granted + turn_s,
+        end_reason="released",
+        granted_ttl_s=30.0,
+        renewals=0,
+        came_back_at=None,
+    )
+
+
+def _record(expires_at: float, ended_at: float | None = None) -> LeaseRecord:
+    return LeaseRecord("job:1", 1, "w", NOW - 100, expires_at, ended_at, None)
+
+
+@pytest.mark.parametrize("percent", [50, 90, 99])
+def test_percentiles_of_no_turns_are_none(percent: int) -> None:
+    assert nearest_rank([], percent) is None
