@@ -4,6 +4,8 @@ from policies.loading import load_policy, parse_policy
 from policies.model import (
     HOLDER_RE,
     RESOURCE_RE,
+    Auth,
+    AuthClient,
     Idempotency,
     LeaseBounds,
     Limits,
@@ -14,6 +16,7 @@ from policies.model import (
     Probe,
     Reconcile,
     Retention,
+    Right,
     Route,
     RouteMatch,
     StatusRules,
@@ -25,6 +28,8 @@ from policies.nodes import ConfigError, Problem
 __all__ = [
     "HOLDER_RE",
     "RESOURCE_RE",
+    "Auth",
+    "AuthClient",
     "ConfigError",
     "Idempotency",
     "LeaseBounds",
@@ -37,6 +42,7 @@ __all__ = [
     "Problem",
     "Reconcile",
     "Retention",
+    "Right",
     "Route",
     "RouteMatch",
     "StatusRules",

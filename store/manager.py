@@ -106,12 +106,14 @@ class LeaseView:
     live: bool
     blocked: bool
     in_doubt: tuple[str, ...]
+    client: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "resource": self.resource,
             "epoch": self.epoch,
             "holder": self.holder,
+            "client": self.client,
             "expires_at": self.expires_at,
             "live": self.live,
             "blocked": self.blocked,
@@ -165,18 +167,19 @@ class Store:
     # -- leases ---------------------------------------------------------------
 
     async def acquire(
-        self, resource: str, holder: str, ttl_s: float, token_hash: str
+        self, resource: str, holder: str, ttl_s: float, token_hash: str, client: str | None = None
     ) -> tuple[LeaseRecord, float] | Refusal:
-        """Grant a new lease at a higher epoch; returns it with the transaction's clock."""
+        """Grant a new lease at a higher epoch; returns it with the transaction's clock.
+        `client` is the authenticated client taking it (None without `auth:`)."""
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             state = await _resource_state(tx, resource, lock=True)
             decision = fencing.decide_acquire(state, ttl_s, tx.now)
             if isinstance(decision, Refusal):
                 return decision
-            await _grant(tx, resource, holder, token_hash, decision)
+            await _grant(tx, resource, holder, token_hash, decision, client)
             lease = LeaseRecord(
-                resource, decision.epoch, holder, tx.now, decision.expires_at, None, None
+                resource, decision.epoch, holder, tx.now, decision.expires_at, None, None, client
             )
             return lease, tx.now
 
@@ -193,9 +196,7 @@ class Store:
             await tx.execute(
                 "extend_lease", resource=lease.resource, epoch=lease.epoch, expires_at=expires_at
             )
-            renewed = LeaseRecord(
-                lease.resource, lease.epoch, lease.holder, lease.granted_at, expires_at, None, None
-            )
+            renewed = replace(lease, expires_at=expires_at, ended_at=None, end_reason=None)
             return renewed, tx.now
 
         return await self.connector.write(operation)
@@ -218,8 +219,10 @@ class Store:
 
         return await self.connector.write(operation)
 
-    async def revoke(self, resource: str, reason: str) -> tuple[int, int]:
-        """Advance the epoch now; returns (old epoch, new epoch)."""
+    async def revoke(self, resource: str, reason: str, actor: str | None = None) -> tuple[int, int]:
+        """Advance the epoch now; returns (old epoch, new epoch). `actor`, who asked, is
+        kept in the ended lease's reason."""
+        why = f"revoked by {actor}: {reason}" if actor else f"revoked: {reason}"
 
         async def operation(tx: Tx) -> tuple[int, int]:
             state = await _resource_state(tx, resource, lock=True)
@@ -229,7 +232,7 @@ class Store:
                     resource=resource,
                     epoch=state.epoch,
                     ended_at=tx.now,
-                    end_reason=f"revoked: {reason}",
+                    end_reason=why,
                 )
             advanced = state.next_epoch()
             await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
@@ -245,6 +248,7 @@ class Store:
                 resource=resource,
                 epoch=state.epoch,
                 holder=current.holder if current else None,
+                client=current.client if current else None,
                 expires_at=current.expires_at if current else None,
                 live=bool(current and current.live(tx.now)),
                 blocked=bool(state.blocking()),
@@ -521,9 +525,12 @@ class Store:
         next_probe_at: float | None,
         counted: bool = True,
         conclusion: str | None = None,
+        actor: str | None = None,
     ) -> EffectRecord | None:
         """Record one probe answer as core/lifecycle.py says; an inconclusive one keeps
-        the effect UNKNOWN and schedules the next attempt (None: attempts used up)."""
+        the effect UNKNOWN and schedules the next attempt (None: attempts used up).
+        `actor` is who asked for the probe (None: this instance, on its schedule)."""
+        prober = actor or self.instance_id
 
         async def operation(tx: Tx) -> EffectRecord | None:
             row = await _locked_effect(tx, effect_id)
@@ -545,7 +552,7 @@ class Store:
                 effect_id,
                 event,
                 "probe",
-                self.instance_id,
+                prober,
                 detail,
                 upstream_status,
                 settled_by="probe",
@@ -558,7 +565,7 @@ class Store:
                     tx,
                     effect_id,
                     "probe",
-                    self.instance_id,
+                    prober,
                     None,
                     "gave_up",
                     "no probe attempts left; an operator must resolve this effect",
@@ -976,7 +983,9 @@ async def _lease_and_state(
     return lease, state
 
 
-async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant) -> None:
+async def _grant(
+    tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant, client: str | None
+) -> None:
     await tx.execute("set_resource_epoch", resource=resource, epoch=grant.epoch)
     await tx.execute(
         "insert_lease",
@@ -986,6 +995,7 @@ async def _grant(tx: Tx, resource: str, holder: str, token_hash: str, grant: Gra
         token_hash=token_hash,
         granted_at=tx.now,
         expires_at=grant.expires_at,
+        client=client,
     )
 
 

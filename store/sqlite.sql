@@ -10,13 +10,13 @@
 -- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
 -- was a grant (a revocation advances the epoch without one), and the epoch floor.
 SELECT :resource AS resource, r.epoch, m.epoch_floor,
-       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client
 FROM store_meta m
 LEFT JOIN resources r ON r.resource = :resource
 LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
 
 -- lease_by_token --
-SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
+SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client
 FROM leases WHERE token_hash = :token_hash
 
 -- effects_in_doubt --
@@ -30,8 +30,8 @@ INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
 ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch
 
 -- insert_lease --
-INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at)
-VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at)
+INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at, client)
+VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at, :client)
 
 -- extend_lease --
 UPDATE leases SET expires_at = :expires_at WHERE resource = :resource AND epoch = :epoch
