@@ -156,24 +156,29 @@ def policy_yaml(
     upstream_idempotent: bool = False,
     limits: str | None = None,
     pool: str | None = None,
+    top_level: str = "",
 ) -> str:
     """The test policy; `reconcile` (a YAML mapping) and `upstream_idempotent` go on
     the place-order route, `limits` (a YAML mapping) is the top-level block and `pool`
-    (a YAML mapping) the supplier upstream's."""
+    (a YAML mapping) the supplier upstream's; `top_level` is YAML appended at the end
+    (more top-level blocks)."""
     extra = ""
     if reconcile is not None:
         extra += f"    reconcile: {reconcile}\n"
     if upstream_idempotent:
         extra += "    upstream_idempotent: true\n"
-    return POLICY.substitute(
-        store=json.dumps(store_url),
-        url=json.dumps(upstream_url),
-        timeout_s=timeout_s,
-        forward_fence_headers="true" if forward_fence_headers else "false",
-        max_in_flight=max_in_flight,
-        place_order_extra=extra,
-        limits=f"limits: {limits}" if limits is not None else "",
-        pool=f", pool: {pool}" if pool is not None else "",
+    return (
+        POLICY.substitute(
+            store=json.dumps(store_url),
+            url=json.dumps(upstream_url),
+            timeout_s=timeout_s,
+            forward_fence_headers="true" if forward_fence_headers else "false",
+            max_in_flight=max_in_flight,
+            place_order_extra=extra,
+            limits=f"limits: {limits}" if limits is not None else "",
+            pool=f", pool: {pool}" if pool is not None else "",
+        )
+        + top_level
     )
 
 
@@ -368,6 +373,8 @@ class FenceFactory(Protocol):
         upstream_idempotent: bool = False,
         limits: str | None = None,
         pool: str | None = None,
+        top_level: str = "",
+        admin_token_next: str | None = None,
     ) -> Awaitable[Fence]: ...
 
 
@@ -448,6 +455,8 @@ async def make_fence(
         upstream_idempotent: bool = False,
         limits: str | None = None,
         pool: str | None = None,
+        top_level: str = "",
+        admin_token_next: str | None = None,
     ) -> Fence:
         demo_server, upstream = await start_upstream()
         db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
@@ -462,13 +471,16 @@ async def make_fence(
             upstream_idempotent=upstream_idempotent,
             limits=limits,
             pool=pool,
+            top_level=top_level,
         )
         policy = parse_policy(text)
         config_path = tmp_path / "fenceproxy.yaml"
         config_path.write_text(text, encoding="utf-8")
 
         async def start() -> Fence:
-            app = build_app(policy, admin_token=admin_token, clock=clock)
+            app = build_app(
+                policy, admin_token=admin_token, clock=clock, admin_token_next=admin_token_next
+            )
             # The options `fenceproxy serve` gives aiohttp's server: the parser limits (so
             # that oversized headers reach the proxy's own check rather than aiohttp's
             # plain 400) and the header timeout.
