@@ -321,10 +321,10 @@ def _leases_show(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            [str(data[key]) for key in ("epoch", "holder", "live", "blocked")]
+            [str(data[key]) for key in ("epoch", "holder", "client", "live", "blocked")]
             + [_when(view.expires_at), ",".join(view.in_doubt) or "-"]
         ],
-        ["epoch", "holder", "live", "blocked", "expires_at", "in_doubt"],
+        ["epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
     )
     return 0
 
