@@ -309,8 +309,9 @@ async def test_probe_and_resolve_record_the_clients_name(guarded: Fence) -> None
     assert resolved.status == 200, body
     assert body["settled_by"] == "operator:oncall"
     effect = await guarded.effect(effect_id)
-    actors = {event["kind"]: event["actor"] for event in effect["events"]}
-    assert (actors["probe"], actors["resolve"]) == ("operator:oncall", "operator:oncall")
+    # The background reconciler may record a probe of its own (as this instance).
+    actors = {(event["kind"], event["actor"]) for event in effect["events"]}
+    assert {("probe", "operator:oncall"), ("resolve", "operator:oncall")} <= actors
 
 
 async def test_a_client_may_name_the_person_who_decided(guarded: Fence) -> None:
