@@ -42,7 +42,9 @@ class KeyProblem(Exception):
 
 
 def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    # A header's bytes that are not UTF-8 come from aiohttp as surrogates: hashed as
+    # the bytes sent, they match no key (rather than failing to encode).
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 def missing_keys(policy: Policy, environ: Mapping[str, str]) -> list[str]:

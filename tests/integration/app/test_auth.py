@@ -7,6 +7,7 @@ presents a key as a real client would: `Authorization: Bearer KEY`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import socket
 from typing import Any
@@ -441,3 +442,21 @@ async def test_metrics_on_their_own_listener(make_fence: FenceFactory) -> None:
     # Started and stopped with the app.
     await fence.client.close()
     assert not _accepts(port)
+
+
+async def test_a_key_that_is_not_utf_8_is_401_not_an_error(guarded: Fence) -> None:
+    """Header bytes aiohttp cannot decode as UTF-8 reach the handler as surrogates."""
+    server = guarded.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            b"GET /_fence/v1/effects HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer \xff\xfe-not-utf-8\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b'"code": "unauthorized"' in answer
