@@ -20,6 +20,8 @@ class ErrorCode(StrEnum):
     MISSING_TOKEN = "missing_token"
     UNAUTHORIZED = "unauthorized"
     INVALID_TOKEN = "invalid_token"
+    FORBIDDEN = "forbidden"
+    FORBIDDEN_RESOURCE = "forbidden_resource"
     WRONG_RESOURCE = "wrong_resource"
     NO_ROUTE = "no_route"
     NOT_FOUND = "not_found"
@@ -84,11 +86,23 @@ _PROBLEMS = {
     ),
     ErrorCode.UNAUTHORIZED: _Problem(
         401,
-        "Admin token required",
-        "admin call without a valid admin token (or the admin API is off)",
+        "Credential required",
+        "admin call without a valid admin token (or the admin API is off); with `auth:`, "
+        "an acquire, lease view or read without a client's key (or the admin token)",
     ),
     ErrorCode.INVALID_TOKEN: _Problem(
         403, "Fence-Token not issued here", "malformed, unknown or forged token"
+    ),
+    ErrorCode.FORBIDDEN: _Problem(
+        403,
+        "Right not granted",
+        "with `auth:`, the client's `may` does not include what the call needs",
+    ),
+    ErrorCode.FORBIDDEN_RESOURCE: _Problem(
+        403,
+        "Resource outside the client's scope",
+        "with `auth:`, the resource (or the effect's) matches none of the client's "
+        "`resources` globs",
     ),
     ErrorCode.WRONG_RESOURCE: _Problem(
         403, "Token guards another resource", "the token's lease guards another resource"

@@ -46,6 +46,8 @@ class LeaseRecord:
     expires_at: float
     ended_at: float | None
     end_reason: str | None
+    # The authenticated client that took it (None: the policy had no `auth:` block).
+    client: str | None = None
 
     def live(self, now: float) -> bool:
         return self.ended_at is None and now < self.expires_at

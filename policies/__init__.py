@@ -4,6 +4,8 @@ from policies.loading import load_policy, parse_policy
 from policies.model import (
     HOLDER_RE,
     RESOURCE_RE,
+    Auth,
+    AuthClient,
     Idempotency,
     LeaseBounds,
     Limits,
@@ -16,6 +18,7 @@ from policies.model import (
     Quotas,
     Reconcile,
     Retention,
+    Right,
     Route,
     RouteMatch,
     StatusRules,
@@ -27,6 +30,8 @@ from policies.nodes import ConfigError, Problem
 __all__ = [
     "HOLDER_RE",
     "RESOURCE_RE",
+    "Auth",
+    "AuthClient",
     "ConfigError",
     "Idempotency",
     "LeaseBounds",
@@ -41,6 +46,7 @@ __all__ = [
     "Quotas",
     "Reconcile",
     "Retention",
+    "Right",
     "Route",
     "RouteMatch",
     "StatusRules",

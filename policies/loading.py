@@ -16,7 +16,12 @@ from urllib.parse import urlsplit
 from policies.model import (
     DAY_S,
     DEFAULT_RETENTION,
+    HOLDER_RE,
+    MAX_RESOURCE_CHARS,
+    RESOURCE_CHARS,
     RESOURCE_RE,
+    Auth,
+    AuthClient,
     Idempotency,
     LeaseBounds,
     Limits,
@@ -29,6 +34,7 @@ from policies.model import (
     Quotas,
     Reconcile,
     Retention,
+    Right,
     Route,
     StatusRules,
     StorePool,
@@ -71,6 +77,9 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
             "retention",
             "limits",
             "quotas",
+            "auth",
+            "admin_token_next_env",
+            "metrics_listen",
         },
     )
     if not root.valid:
@@ -89,10 +98,26 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
     retention = _parse_retention(root, problems, routes)
     limits = _parse_limits(root, problems)
     quotas = _parse_quotas(root, problems)
+    auth = _parse_auth(root, problems)
+    next_admin_env = _env_name(root, "admin_token_next_env", problems)
+    metrics_listen = _parse_metrics_listen(root, problems, listen)
     if problems:
         raise ConfigError(filename, problems.items)
     return Policy(
-        1, listen, store, admin_env, leases, upstreams, routes, pool, retention, limits, quotas
+        1,
+        listen,
+        store,
+        admin_env,
+        leases,
+        upstreams,
+        routes,
+        pool,
+        retention,
+        limits,
+        quotas,
+        auth=auth,
+        admin_token_next_env=next_admin_env,
+        metrics_listen=metrics_listen,
     )
 
 
@@ -142,6 +167,136 @@ def _certificates_file(block: Mapping, name: str, base: Path, required: bool) ->
         block.problems.add(block.children[name], problem)
         return None
     return path
+
+
+def _parse_metrics_listen(root: Mapping, problems: Problems, main: Listen) -> Listen | None:
+    """`metrics_listen: {host, port}`: metrics on a listener of their own."""
+    node = root.child("metrics_listen")
+    if node is None:
+        return None
+    block = Mapping(node, problems, {"host", "port"})
+    if not block.valid:
+        return None
+    host = block.text("host", default="127.0.0.1")
+    port = block.number("port", integer=True)
+    if not isinstance(port, int):
+        return None
+    if port > 65535:
+        problems.add(block.children["port"], f"not a TCP port: {port}")
+    elif port != 0 and port == main.port and host == main.host:
+        problems.add(block.children["port"], f"{host}:{port} is the main listener's address")
+    return Listen(host or "127.0.0.1", port)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}\Z")
+# What a resource glob may hold: resource characters and fnmatch's own.
+_GLOB = re.compile(rf"[*?\[\]!{RESOURCE_CHARS}]{{1,{MAX_RESOURCE_CHARS}}}\Z")
+# The admin token's actor name: a client of that name could not be told apart from it.
+RESERVED_CLIENT_NAMES = frozenset({"admin"})
+
+
+def _env_name(block: Mapping, key: str, problems: Problems) -> str | None:
+    name = block.text(key, default=None)
+    if name is not None and not _ENV_NAME.match(name):
+        problems.add(block.children[key], f"expected an environment variable name, got {name!r}")
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _parse_auth(root: Mapping, problems: Problems) -> Auth | None:
+    """`auth: {clients: [{name, key_env | key_sha256, resources, may}]}`."""
+    node = root.child("auth")
+    if node is None:
+        return None
+    block = Mapping(node, problems, {"clients"})
+    clients_node = block.child("clients", required=True)
+    if clients_node is None:
+        return None
+    if not clients_node.is_sequence:
+        problems.add(clients_node, f"expected a list of clients, got {clients_node.describe()}")
+        return None
+    clients: list[AuthClient] = []
+    names: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for element in clients_node.elements():
+        client = _parse_client(element, problems)
+        if client is None:
+            continue
+        if client.name in names:
+            problems.add(
+                element, f"client name {client.name!r} is already used on line {names[client.name]}"
+            )
+        names.setdefault(client.name, element.line)
+        if client.key_sha256 is not None:
+            if client.key_sha256 in digests:
+                problems.add(
+                    element,
+                    f"key_sha256 is also the key of the client on line "
+                    f"{digests[client.key_sha256]}: a key must name one client",
+                )
+            digests.setdefault(client.key_sha256, element.line)
+        clients.append(client)
+    if not clients and not problems:
+        problems.add(clients_node, "at least one client is needed (or leave auth out)")
+    return Auth(tuple(clients))
+
+
+def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
+    spec = Mapping(node, problems, {"name", "key_env", "key_sha256", "resources", "may"})
+    if not spec.valid:
+        return None
+    before = len(problems.items)
+    name = spec.text("name")
+    if name is not None and not HOLDER_RE.match(name):
+        problems.add(
+            spec.children["name"],
+            f"{name!r} is not a valid client name (1-128 of A-Z a-z 0-9 . _ : @ -)",
+        )
+    elif name in RESERVED_CLIENT_NAMES:
+        problems.add(spec.children["name"], f"{name!r} is the admin token's name")
+    key_env = _env_name(spec, "key_env", problems)
+    key_sha256 = spec.text("key_sha256", default=None)
+    if key_sha256 is not None and not _SHA256_HEX.match(key_sha256):
+        problems.add(
+            spec.children["key_sha256"],
+            'expected the key\'s SHA-256 as 64 hex digits (printf %s "$KEY" | sha256sum)',
+        )
+    if ("key_env" in spec.children) == ("key_sha256" in spec.children):
+        problems.add(node, "a client needs exactly one of key_env and key_sha256")
+    globs = spec.text_list("resources", required=True) or []
+    for glob, element in globs:
+        if not _GLOB.match(glob):
+            problems.add(
+                element,
+                f"{glob!r} is not a resource glob (resource characters and * ? [ ] !)",
+            )
+    if "resources" in spec.children and spec.children["resources"].is_sequence and not globs:
+        problems.add(spec.children["resources"], "at least one resource glob is needed")
+    rights: set[Right] = set()
+    known = ", ".join(right.value for right in Right)
+    for value, element in spec.text_list("may", required=True) or []:
+        try:
+            rights.add(Right(value))
+        except ValueError:
+            problems.add(element, f"unknown right {value!r} (known: {known})")
+    if (
+        "may" in spec.children
+        and spec.children["may"].is_sequence
+        and not spec.children["may"].raw.value
+    ):
+        problems.add(spec.children["may"], f"at least one right is needed ({known})")
+    if len(problems.items) > before:
+        return None
+    assert name is not None
+    return AuthClient(
+        name=name,
+        key_env=key_env,
+        key_sha256=key_sha256.lower() if key_sha256 is not None else None,
+        resources=tuple(glob for glob, _ in globs),
+        may=frozenset(rights),
+        line=node.line,
+    )
 
 
 def _parse_store(root: Mapping, problems: Problems) -> str:

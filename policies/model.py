@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from fnmatch import fnmatchcase
 
 from policies.templates import PathTemplate, StringTemplate
 
@@ -184,6 +185,53 @@ class RouteMatch:
     params: dict[str, str]
 
 
+class Right(Enum):
+    """What an authenticated client may do (`auth.clients[].may`); see `AuthClient.holds`."""
+
+    LEASE = "lease"
+    READ = "read"
+    OPERATE = "operate"
+    ADMIN = "admin"
+
+
+# `operate` is useless without seeing what to operate on, and `admin` is everything.
+_IMPLIED_BY = {
+    Right.LEASE: frozenset({Right.LEASE, Right.ADMIN}),
+    Right.READ: frozenset({Right.READ, Right.OPERATE, Right.ADMIN}),
+    Right.OPERATE: frozenset({Right.OPERATE, Right.ADMIN}),
+    Right.ADMIN: frozenset({Right.ADMIN}),
+}
+
+
+@dataclass(frozen=True)
+class AuthClient:
+    """A client of the control API: its key (an environment variable's value, or the
+    key's SHA-256 in hex), the resources it may act on (fnmatch globs) and its rights.
+    `line` is where the policy file defines it, for messages about its key."""
+
+    name: str
+    key_env: str | None
+    key_sha256: str | None
+    resources: tuple[str, ...]
+    may: frozenset[Right]
+    line: int = 0
+
+    def holds(self, right: Right) -> bool:
+        return bool(self.may & _IMPLIED_BY[right])
+
+    def covers(self, resource: str | None) -> bool:
+        """Whether `resource` is in scope; None (a row about no resource) only for a
+        client that covers every resource."""
+        if resource is None:
+            return "*" in self.resources
+        return any(fnmatchcase(resource, glob) for glob in self.resources)
+
+
+@dataclass(frozen=True)
+class Auth:
+    clients: tuple[AuthClient, ...]
+
+
 @dataclass(frozen=True)
 class Policy:
     version: int
@@ -197,6 +245,13 @@ class Policy:
     retention: Retention = DEFAULT_RETENTION
     limits: Limits = Limits()
     quotas: Quotas = Quotas()
+    # With it, the lease API and every read need a client's key (`auth:`); without it,
+    # the lease API is open and only the admin token guards the rest.
+    auth: Auth | None = None
+    # A second admin token accepted alongside the first, so it can be rotated.
+    admin_token_next_env: str | None = None
+    # Metrics served on their own listener instead of the main one.
+    metrics_listen: Listen | None = None
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         for route in self.routes:

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -18,6 +18,7 @@ from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding, operations
+from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
 from proxy.problems import ProblemError, problem
@@ -58,16 +59,27 @@ def build_app(
     admin_token: str | None = None,
     clock: Callable[[], float] = time.time,
     identity: IdentityCheck | None = None,
+    admin_token_next: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> web.Application:
+    """The proxy. `admin_token_next` is a second admin token accepted alongside the
+    first (rotation); `environ` is where `auth.clients[].key_env` are read (the
+    process's environment by default). Raises `KeyProblem` for a client without a key."""
+    credentials = Credentials.of(
+        policy,
+        [token for token in (admin_token, admin_token_next) if token],
+        os.environ if environ is None else environ,
+    )
     if store is None:
         pool = (policy.store_pool.min_size, policy.store_pool.max_size)
         store = open_store(policy.store, clock, default_instance_id(policy), pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
-    runtime = Runtime(policy, store, admin_token, identity=identity)
+    runtime = Runtime(policy, store, identity=identity)
     runtime.metrics.watch_leases(
         store, tuple(route.resource_glob for route in operations.fenced_routes(policy))
     )
     app[RUNTIME] = runtime
+    app[CREDENTIALS] = credentials
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
         [
@@ -80,7 +92,9 @@ def build_app(
             _reconciler_ctx,
         ]
     )
-    control.add_routes(app)
+    if policy.metrics_listen is not None:
+        app.cleanup_ctx.append(_metrics_listener_ctx)
+    control.add_routes(app, metrics=policy.metrics_listen is None)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
     app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
@@ -112,6 +126,26 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
         log.warning("effects in flight at the last stop are now UNKNOWN: %s", recovered)
     yield
     await store.close()
+
+
+async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Metrics on a listener of their own (`metrics_listen`), where they need no key:
+    whoever can reach that address is trusted to read them."""
+    runtime = app[RUNTIME]
+    listen = runtime.policy.metrics_listen
+    assert listen is not None
+    metrics_app = web.Application(middlewares=[problem_middleware])
+    metrics_app[RUNTIME] = runtime
+    control.add_metrics_route(metrics_app)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, listen.host, listen.port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    yield
+    await runner.cleanup()
 
 
 async def _client_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -26,6 +26,7 @@ from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
 from proxy import operations
 from proxy.app import build_app, default_instance_id, new_instance_id
+from proxy.auth import KeyProblem, exposure_warning, missing_keys
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
@@ -248,6 +249,8 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]])
 def _serve(args: argparse.Namespace) -> int:
     policy = _policy(args)
     admin_token = os.environ.get(policy.admin_token_env) if policy.admin_token_env else None
+    next_env = policy.admin_token_next_env
+    admin_token_next = os.environ.get(next_env) if next_env else None
     logging.basicConfig(
         level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -256,12 +259,27 @@ def _serve(args: argparse.Namespace) -> int:
         Path(args.state_dir) if args.state_dir else default_state_dir(policy.store, args.config)
     )
     identity = IdentityCheck(memory_file(state_dir, default_instance_id(policy)), args.new_store)
-    app = build_app(policy, admin_token=admin_token or None, identity=identity)
+    try:
+        app = build_app(
+            policy,
+            admin_token=admin_token or None,
+            identity=identity,
+            admin_token_next=admin_token_next or None,
+        )
+    except KeyProblem as exc:
+        raise CommandError(f"{args.config}: {exc}") from None
+    warning = exposure_warning(policy)
+    if warning is not None:
+        print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
+    admin_tokens = sum(bool(token) for token in (admin_token, admin_token_next))
+    clients = len(policy.auth.clients) if policy.auth is not None else 0
     tls = policy.listen.tls
     print(
         f"fenceproxy on {'https' if tls else 'http'}://{policy.listen.host}:{policy.listen.port} "
-        f"(store {policy.store}, admin API {'on' if admin_token else 'off'}"
-        f"{_tls_summary(policy)})",
+        f"(store {policy.store}, admin API {'on' if admin_tokens else 'off'}"
+        f"{f' with {admin_tokens} tokens' if admin_tokens > 1 else ''}, "
+        f"{f'{clients} clients' if policy.auth is not None else 'no auth'}"
+        f"{_metrics_note(policy)}{_tls_summary(policy)})",
         flush=True,
     )
     web.run_app(
@@ -296,7 +314,16 @@ def _check_config(args: argparse.Namespace) -> int:
         f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store}"
         f"{_tls_summary(policy)})"
     )
+    # Warnings, not errors: the file may be checked where the keys are not set.
+    for warning in [exposure_warning(policy), *missing_keys(policy, os.environ)]:
+        if warning is not None:
+            print(f"fenceproxy: warning: {path}: {warning}", file=sys.stderr)
     return 0
+
+
+def _metrics_note(policy: Policy) -> str:
+    listen = policy.metrics_listen
+    return f", metrics on http://{listen.host}:{listen.port}" if listen is not None else ""
 
 
 def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: list[str]) -> None:
@@ -321,10 +348,10 @@ def _leases_show(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            [str(data[key]) for key in ("epoch", "holder", "live", "blocked")]
+            [str(data[key]) for key in ("epoch", "holder", "client", "live", "blocked")]
             + [_when(view.expires_at), ",".join(view.in_doubt) or "-"]
         ],
-        ["epoch", "holder", "live", "blocked", "expires_at", "in_doubt"],
+        ["epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
     )
     return 0
 

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from core.codes import ErrorCode
 from core.records import LeaseRecord, Refusal
-from proxy import openapi, operations
+from policies import AuthClient, Right
+from proxy import auth, openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
-from proxy.runtime import require_admin, runtime_of
+from proxy.runtime import runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
 PREFIX = "/_fence/v1"
@@ -23,7 +24,9 @@ PREFIX = "/_fence/v1"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, metrics: bool = True) -> None:
+    """The control API; `metrics: False` when they are served on a listener of their own."""
+
     def get(path: str, handler: Handler) -> None:
         app.router.add_get(path, _refusals_as_problems(handler))
 
@@ -41,12 +44,18 @@ def add_routes(app: web.Application) -> None:
     post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
     post(f"{PREFIX}/effects/{{effect_id}}/resolve", resolve_effect)
     get(f"{PREFIX}/reconcile", list_in_doubt)
-    get("/_fence/metrics", metrics)
+    if metrics:
+        get("/_fence/metrics", guarded_metrics)
     get(f"{PREFIX}/rejections", list_rejections)
     get(f"{PREFIX}/lease-advice", lease_advice)
     get("/_fence/healthz", healthz)
     get("/_fence/readyz", readyz)
     get(f"{PREFIX}/openapi.json", openapi_document)
+
+
+def add_metrics_route(app: web.Application) -> None:
+    """The metrics listener's one route (`metrics_listen`)."""
+    app.router.add_get("/_fence/metrics", metrics)
 
 
 def _refusals_as_problems(handler: Handler) -> Handler:
@@ -74,22 +83,24 @@ def _presented_token(request: web.Request) -> str:
     return token
 
 
-def _lease_json(
-    resource: str, holder: str, epoch: int, expires_at: float, now: float
-) -> dict[str, Any]:
+def _lease_json(lease: LeaseRecord, now: float) -> dict[str, Any]:
     return {
-        "resource": resource,
-        "holder": holder,
-        "epoch": epoch,
-        "expires_at": expires_at,
-        "ttl_s": round(expires_at - now, 3),
+        "resource": lease.resource,
+        "holder": lease.holder,
+        "epoch": lease.epoch,
+        "expires_at": lease.expires_at,
+        "ttl_s": round(lease.expires_at - now, 3),
+        "client": lease.client,
     }
 
 
 async def acquire(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
+    # Before the body: an unknown caller is refused without being invited to send it.
+    client = auth.guard(request, Right.LEASE)
     data = await json_object(request, {"resource", "holder", "ttl_s"})
     resource = operations.resource_name(data.get("resource"))
+    auth.check_scope(client, resource)
     holder = holder_name(data.get("holder"))
     seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
     refusal = over_acquire_rate(runtime, quota_subject(request, holder), resource)
@@ -97,12 +108,17 @@ async def acquire(request: web.Request) -> web.Response:
         return await _refuse_acquire(request, refusal, resource, holder)
     token = new_token()
     result = await runtime.store.acquire(
-        resource, holder, seconds, token_hash(token), runtime.policy.quotas.live_leases
+        resource,
+        holder,
+        seconds,
+        token_hash(token),
+        runtime.policy.quotas.live_leases,
+        client.name if client else None,
     )
     if isinstance(result, Refusal):
         return await _refuse_acquire(request, result, resource, holder)
     lease, now = result
-    body = _lease_json(resource, holder, lease.epoch, lease.expires_at, now)
+    body = _lease_json(lease, now)
     body["token"] = token
     return web.json_response(body, status=201)
 
@@ -127,9 +143,7 @@ async def renew(request: web.Request) -> web.Response:
         await _record(request, result)
         return refusal_response(result)
     lease, now = result
-    return web.json_response(
-        _lease_json(lease.resource, lease.holder, lease.epoch, lease.expires_at, now)
-    )
+    return web.json_response(_lease_json(lease, now))
 
 
 async def release(request: web.Request) -> web.Response:
@@ -144,15 +158,19 @@ async def release(request: web.Request) -> web.Response:
 
 
 async def show_lease(request: web.Request) -> web.Response:
-    view = await operations.lease_view(runtime_of(request).store, request.query.get("resource"))
+    client = auth.guard(request, Right.READ)
+    resource = request.query.get("resource")
+    auth.check_scope(client, operations.resource_name(resource))
+    view = await operations.lease_view(runtime_of(request).store, resource)
     return web.json_response(view.as_json())
 
 
 async def revoke(request: web.Request) -> web.Response:
-    require_admin(request)
+    client = auth.require(request, Right.OPERATE)
     data = await json_object(request, {"resource", "reason"})
+    auth.check_scope(client, operations.resource_name(data.get("resource")))
     revoked = await operations.revoke(
-        runtime_of(request).store, data.get("resource"), data.get("reason")
+        runtime_of(request).store, data.get("resource"), data.get("reason"), client.name
     )
     return web.json_response(
         {
@@ -164,21 +182,55 @@ async def revoke(request: web.Request) -> web.Response:
     )
 
 
+def _listing_limit(client: AuthClient, query: Mapping[str, str]) -> tuple[str | None, int]:
+    """What to ask the store for, and how many rows to show: a client scoped to some
+    resources is shown those among the newest MAX_LIST_LIMIT rows."""
+    shown = operations.list_limit(query.get("limit"))
+    if client.covers(None):
+        return query.get("limit"), shown
+    return str(operations.MAX_LIST_LIMIT), shown
+
+
+def _filter(client: AuthClient, query: Mapping[str, str]) -> str | None:
+    """The `resource` filter, refused when out of the client's scope."""
+    resource = query.get("resource")
+    if resource is not None:
+        auth.check_scope(client, operations.resource_name(resource))
+    return resource
+
+
 async def list_effects(request: web.Request) -> web.Response:
-    require_admin(request)
+    client = auth.require(request, Right.READ)
     query = request.query
+    asked, shown = _listing_limit(client, query)
     effects = await operations.list_effects(
-        runtime_of(request).store, query.get("resource"), query.get("state"), query.get("limit")
+        runtime_of(request).store, _filter(client, query), query.get("state"), asked
     )
+    effects = auth.in_scope(client, effects, lambda effect: effect.resource)[:shown]
     return web.json_response({"effects": [effect.as_json() for effect in effects]})
 
 
+async def _effect_in_scope(request: web.Request, client: AuthClient) -> str:
+    """The effect id of the path, refused (403) when its resource is out of scope; an
+    effect that does not exist is left to the operation's own 404."""
+    effect_id = request.match_info["effect_id"]
+    if not client.covers(None):
+        effect = await runtime_of(request).store.effect(effect_id)
+        if effect is not None:
+            auth.check_scope(client, effect.resource)
+    return effect_id
+
+
 async def show_effect(request: web.Request) -> web.Response:
-    """The admin reads any effect; a holder reads its own resource's (see _holder_lease)."""
+    """A reader reads any effect in its scope; a holder its own resource's (see
+    _holder_lease)."""
     holder_lease = await _holder_lease(request)
-    history = await operations.effect_history(
-        runtime_of(request).store, request.match_info["effect_id"]
-    )
+    if holder_lease is None:
+        client = auth.require(request, Right.READ)
+        effect_id = await _effect_in_scope(request, client)
+    else:
+        effect_id = request.match_info["effect_id"]
+    history = await operations.effect_history(runtime_of(request).store, effect_id)
     if holder_lease is not None and history.effect.resource != holder_lease.resource:
         raise ProblemError(
             ErrorCode.WRONG_RESOURCE,
@@ -192,9 +244,9 @@ async def _holder_lease(request: web.Request) -> LeaseRecord | None:
     """Without the admin token, a `Fence-Token` of any lease the proxy issued on the
     effect's resource (current or ended, while the store keeps it) lets a worker read the
     outcome of its own effect: one that lost its answer must wait for the settlement, and
-    it may have lost its lease meanwhile. None: the caller is the admin."""
+    it may have lost its lease meanwhile. None: the caller presents a bearer key (or
+    nothing), and is judged as a reader."""
     if "Authorization" in request.headers or "Fence-Token" not in request.headers:
-        require_admin(request)
         return None
     token = _presented_token(request)
     lease = await runtime_of(request).store.lease_of_token(token_hash(token))
@@ -205,11 +257,13 @@ async def _holder_lease(request: web.Request) -> LeaseRecord | None:
 
 async def probe_effect(request: web.Request) -> web.Response:
     """Probe now, whatever the schedule; only an UNKNOWN effect can be settled by it."""
-    require_admin(request)
+    client = auth.require(request, Right.OPERATE)
     runtime = runtime_of(request)
-    effect_id = request.match_info["effect_id"]
+    effect_id = await _effect_in_scope(request, client)
     assert runtime.session is not None
-    result = await operations.probe(runtime.store, runtime.session, runtime.policy, effect_id)
+    result = await operations.probe(
+        runtime.store, runtime.session, runtime.policy, effect_id, f"operator:{client.name}"
+    )
     runtime.metrics.count_probe(result.conclusion)
     return web.json_response(
         {
@@ -222,23 +276,46 @@ async def probe_effect(request: web.Request) -> web.Response:
 
 
 async def resolve_effect(request: web.Request) -> web.Response:
-    require_admin(request)
+    client = auth.require(request, Right.OPERATE)
+    effect_id = await _effect_in_scope(request, client)
     data = await json_object(request, {"outcome", "reason", "operator"})
     effect = await operations.resolve(
         runtime_of(request).store,
-        request.match_info["effect_id"],
+        effect_id,
         data.get("outcome"),
         data.get("reason"),
-        data.get("operator"),
+        _operator(client, data.get("operator")),
     )
     return web.json_response(effect.as_json())
 
 
+def _operator(client: AuthClient, named: object) -> object:
+    """Who a decision is recorded as taken by: the admin token is shared, so its caller
+    names the operator (required, as the CLI's --operator); a client is its own name,
+    followed by the person it names, if any."""
+    if client is auth.ADMIN:
+        return named
+    if named is None:
+        return client.name
+    return f"{client.name}/{operations.required_text(named, 'operator')}"
+
+
 async def list_in_doubt(request: web.Request) -> web.Response:
     """What `fenceproxy reconcile list --json` prints: blocked resources, effects in doubt."""
-    require_admin(request)
+    client = auth.require(request, Right.READ)
     report = await operations.in_doubt(runtime_of(request).store)
+    if not client.covers(None):
+        report = operations.InDoubt(
+            tuple(auth.in_scope(client, report.blocked_resources, lambda resource: resource)),
+            tuple(auth.in_scope(client, report.effects, lambda entry: entry.effect.resource)),
+        )
     return web.json_response(report.as_json())
+
+
+async def guarded_metrics(request: web.Request) -> web.Response:
+    """Metrics on the main listener: open without `auth:`, `read` with it."""
+    auth.guard(request, Right.READ)
+    return await metrics(request)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -253,17 +330,20 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def list_rejections(request: web.Request) -> web.Response:
-    require_admin(request)
+    client = auth.require(request, Right.READ)
     query = request.query
+    asked, shown = _listing_limit(client, query)
     rejections = await operations.list_rejections(
-        runtime_of(request).store, query.get("resource"), query.get("limit")
+        runtime_of(request).store, _filter(client, query), asked
     )
+    rejections = auth.in_scope(client, rejections, lambda rejection: rejection.resource)[:shown]
     return web.json_response({"rejections": [r.as_json() for r in rejections]})
 
 
 async def lease_advice(request: web.Request) -> web.Response:
-    """What `fenceproxy lease-advice --json` prints, from the same operation."""
-    require_admin(request)
+    """What `fenceproxy lease-advice --json` prints, from the same operation. Its
+    groups span resources, so a client must read every resource (`*`)."""
+    auth.check_scope(auth.require(request, Right.READ), None)
     runtime = runtime_of(request)
     query = request.query
     advice = await operations.lease_advice(

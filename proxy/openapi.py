@@ -62,6 +62,11 @@ HOLDER = {
 }
 # required_text: non-blank once stripped, at most MAX_TEXT_CHARS after stripping.
 _TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": r"\S"}
+_CLIENT_NAME = {
+    "type": ["string", "null"],
+    "description": "the `auth.clients[].name` (or `admin`) that took the lease; "
+    "null without `auth:`",
+}
 _TOKEN = {
     "name": "Fence-Token",
     "in": "header",
@@ -97,7 +102,14 @@ _STATE = {
     "description": "only effects in this state",
     "schema": {"type": "string", "enum": list(EffectState.__members__)},
 }
-_ADMIN: list[dict[str, list[str]]] = [{"admin": []}]
+# The admin token, or (with the policy's `auth:` block) a client's key with the right.
+_ADMIN: list[dict[str, list[str]]] = [{"admin": []}, {"client": []}]
+# Open without `auth:`; with it, a client's key (or the admin token).
+_OPEN_OR_CLIENT: list[dict[str, list[str]]] = [{}, {"client": []}, {"admin": []}]
+# What a call guarded by a client's rights adds; `forbidden_resource` where it names
+# a resource (or an effect, which has one).
+_GUARDED = (ErrorCode.UNAUTHORIZED, ErrorCode.FORBIDDEN)
+_SCOPED = (*_GUARDED, ErrorCode.FORBIDDEN_RESOURCE)
 # A plain decimal number (the operation also takes an exponent, but never needs one).
 _DECIMAL = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
 
@@ -340,6 +352,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                 "pattern": _anchored(TOKEN_RE.pattern),
                 "description": "only in the acquire answer",
             },
+            "client": _CLIENT_NAME,
         },
     }
     effect = {
@@ -356,7 +369,17 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
         "info": {"title": "fenceproxy control API", "version": "1"},
         "components": {
             "securitySchemes": {
-                "admin": {"type": "http", "scheme": "bearer"},
+                "admin": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an admin token (`admin_token_env`, `admin_token_next_env`)",
+                },
+                "client": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a key of the policy's `auth.clients`; what it may call "
+                    "is its `may`, on the resources its `resources` globs match",
+                },
                 "holder": {
                     "type": "apiKey",
                     "in": "header",
@@ -373,6 +396,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                         "resource": RESOURCE,
                         "epoch": {"type": "integer", "minimum": 0},
                         "holder": {"type": ["string", "null"]},
+                        "client": _CLIENT_NAME,
                         "expires_at": {"type": ["number", "null"]},
                         "live": {"type": "boolean"},
                         "blocked": {"type": "boolean"},
@@ -404,6 +428,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
             "/_fence/v1/leases": {
                 "post": {
                     "summary": "acquire a lease at a new epoch",
+                    "security": _OPEN_OR_CLIENT,
                     "requestBody": _body(
                         {"resource": RESOURCE, "holder": HOLDER, "ttl_s": ttl_s},
                         required=["resource", "holder"],
@@ -411,13 +436,15 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "responses": _responses(
                         {"201": _json(_ref("Lease"), "granted, with the token")},
                         _BODY,
+                        _SCOPED,
                         [ErrorCode.LEASE_HELD, ErrorCode.RESOURCE_BLOCKED, ErrorCode.RATE_LIMITED],
                     ),
                 },
                 "get": {
                     "summary": "a resource's current lease (never a token)",
+                    "security": _OPEN_OR_CLIENT,
                     "parameters": [{**_RESOURCE_FILTER, "required": True}],
-                    "responses": _responses({"200": _json(_ref("LeaseView"), "state")}),
+                    "responses": _responses({"200": _json(_ref("LeaseView"), "state")}, _SCOPED),
                 },
             },
             "/_fence/v1/leases/renew": {
@@ -479,7 +506,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                             )
                         },
                         _BODY,
-                        [ErrorCode.UNAUTHORIZED],
+                        _SCOPED,
                     ),
                 }
             },
@@ -501,7 +528,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "effects",
                             )
                         },
-                        [ErrorCode.UNAUTHORIZED],
+                        _SCOPED,
                     ),
                 }
             },
@@ -527,12 +554,8 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "effect",
                             )
                         },
-                        [
-                            ErrorCode.UNAUTHORIZED,
-                            ErrorCode.INVALID_TOKEN,
-                            ErrorCode.WRONG_RESOURCE,
-                            ErrorCode.NOT_FOUND,
-                        ],
+                        _SCOPED,
+                        [ErrorCode.INVALID_TOKEN, ErrorCode.WRONG_RESOURCE, ErrorCode.NOT_FOUND],
                     ),
                 }
             },
@@ -557,8 +580,8 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "what the probe concluded",
                             )
                         },
+                        _SCOPED,
                         [
-                            ErrorCode.UNAUTHORIZED,
                             ErrorCode.NOT_FOUND,
                             ErrorCode.EFFECT_IN_FLIGHT,
                             ErrorCode.EFFECT_SETTLED,
@@ -576,15 +599,19 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                         {
                             "outcome": {"type": "string", "enum": list(OUTCOMES)},
                             "reason": _TEXT,
-                            "operator": _TEXT,
+                            "operator": {
+                                **_TEXT,
+                                "description": "who decided: required with the admin token; "
+                                "a client's decision is recorded as its name (then `/operator`)",
+                            },
                         },
-                        required=["outcome", "reason", "operator"],
+                        required=["outcome", "reason"],
                     ),
                     "responses": _responses(
                         {"200": _json(_ref("Effect"), "the settled effect")},
                         _BODY,
+                        _SCOPED,
                         [
-                            ErrorCode.UNAUTHORIZED,
                             ErrorCode.NOT_FOUND,
                             ErrorCode.EFFECT_IN_FLIGHT,
                             ErrorCode.EFFECT_SETTLED,
@@ -599,20 +626,23 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "security": _ADMIN,
                     "responses": _responses(
                         {"200": _json(_ref("InDoubt"), "what waits for reconciliation")},
-                        [ErrorCode.UNAUTHORIZED],
+                        _SCOPED,
                     ),
                 }
             },
             "/_fence/metrics": {
                 "get": {
+                    "summary": "Prometheus metrics (here unless `metrics_listen` moves them)",
+                    "security": _OPEN_OR_CLIENT,
                     "responses": _responses(
                         {
                             "200": {
                                 "description": "Prometheus text format",
                                 "content": {"text/plain": {"schema": {"type": "string"}}},
                             }
-                        }
-                    )
+                        },
+                        _GUARDED,
+                    ),
                 }
             },
             "/_fence/v1/rejections": {
@@ -636,7 +666,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "rejections",
                             )
                         },
-                        [ErrorCode.UNAUTHORIZED],
+                        _SCOPED,
                     ),
                 }
             },
@@ -648,7 +678,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "parameters": _LEASE_ADVICE_PARAMETERS,
                     "responses": _responses(
                         {"200": _json(_lease_advice_schema(), "the advice")},
-                        [ErrorCode.UNAUTHORIZED],
+                        _SCOPED,
                     ),
                 }
             },

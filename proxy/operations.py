@@ -156,10 +156,13 @@ async def lease_view(store: Store, resource: object) -> LeaseView:
     return await store.lease_view(resource_name(resource))
 
 
-async def revoke(store: Store, resource: object, reason: object) -> Revoked:
+async def revoke(
+    store: Store, resource: object, reason: object, actor: str | None = None
+) -> Revoked:
+    """Advance the resource's epoch; `actor` (the admin API's client) is kept with it."""
     name = resource_name(resource)
     why = required_text(reason, "reason")
-    old, new = await store.revoke(name, why)
+    old, new = await store.revoke(name, why, actor)
     return Revoked(name, old, new, why)
 
 
@@ -286,15 +289,20 @@ def check_probeable(effect: EffectRecord) -> None:
 
 
 async def probe(
-    store: Store, session: aiohttp.ClientSession, policy: Policy, effect_id: str
+    store: Store,
+    session: aiohttp.ClientSession,
+    policy: Policy,
+    effect_id: str,
+    actor: str | None = None,
 ) -> ProbeResult:
-    """Ask the upstream now, whatever the probe schedule says, and record the answer."""
+    """Ask the upstream now, whatever the probe schedule says, and record the answer
+    with `actor` (the admin API's client; None: this process) as who asked."""
     await _sweep(store)
     effect = await store.effect(effect_id)
     if effect is None:
         raise _not_found(effect_id)
     check_probeable(effect)
-    return await probe_effect(store, session, policy, effect)
+    return await probe_effect(store, session, policy, effect, actor)
 
 
 async def resolve(

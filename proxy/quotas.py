@@ -14,17 +14,18 @@ from aiohttp import web
 
 from core.quotas import retry_after_s
 from core.records import Refusal
+from proxy.auth import CLIENT
 from proxy.runtime import Runtime
 
 
 def quota_subject(request: web.Request, holder: str) -> str:
-    """Whose quotas an acquire counts against: the holder it names. Without
-    authentication that is all a request says about who sent it, and anyone may name
-    any holder, so the quotas stop careless workers, not hostile ones. With `auth:`
-    clients this becomes the authenticated client's name, switched here and only here,
-    along with what the store counts live leases by (`live_leases_of_holder`, then by
-    the client a lease records)."""
-    return holder
+    """Whose quotas an acquire counts against: with `auth:`, the authenticated client
+    (the store then counts the live leases that client took, `live_leases_of_client`);
+    without it, the holder the request names. That is all an unauthenticated request
+    says about who sent it, and anyone may name any holder, so then the quotas stop
+    careless workers, not hostile ones."""
+    client = request.get(CLIENT)
+    return client.name if client is not None else holder
 
 
 def over_acquire_rate(runtime: Runtime, subject: str, resource: str) -> Refusal | None:

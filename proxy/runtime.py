@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,6 @@ from core.records import Rejection
 from policies import Policy
 from proxy.identity import IdentityCheck
 from proxy.metrics import Metrics
-from proxy.problems import ProblemError
 from proxy.readiness import Readiness
 from store import Store, StoreUnavailable
 
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
 class Runtime:
     policy: Policy
     store: Store
-    admin_token: str | None
     # The reconciler's and the probes' own; routes forward through `pools`.
     session: aiohttp.ClientSession | None = None
     pools: UpstreamPools | None = None
@@ -80,18 +77,3 @@ RUNTIME = web.AppKey("runtime", Runtime)
 
 def runtime_of(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
-
-
-def require_admin(request: web.Request) -> None:
-    expected = runtime_of(request).admin_token
-    if not expected:
-        raise ProblemError(
-            ErrorCode.UNAUTHORIZED, "the admin API is off: no admin token is configured"
-        )
-    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        credential.strip().encode(), expected.encode()
-    ):
-        raise ProblemError(
-            ErrorCode.UNAUTHORIZED, "this call needs Authorization: Bearer <admin token>"
-        )

@@ -77,13 +77,20 @@ async def probe_effect(
     session: aiohttp.ClientSession,
     policy: Policy,
     effect: EffectRecord,
+    actor: str | None = None,
 ) -> ProbeResult:
-    """Probe once and record what it proved."""
+    """Probe once and record what it proved; `actor` is who asked (None: the schedule)."""
     route = policy.route_named(effect.route)
     if route is None or route.reconcile is None:
         detail = "the route has no reconcile block: an operator must resolve this effect"
         recorded = await store.record_probe(
-            effect.id, Event.PROBE_INCONCLUSIVE, None, detail, None, conclusion="no_probe"
+            effect.id,
+            Event.PROBE_INCONCLUSIVE,
+            None,
+            detail,
+            None,
+            conclusion="no_probe",
+            actor=actor,
         )
         return ProbeResult(recorded, "no_probe", detail)
     # The settle window is judged at the time of asking, on the authority's clock.
@@ -96,7 +103,7 @@ async def probe_effect(
         attempts = effect.probe_attempts + (1 if counted else 0)
         retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, await store.now())
     recorded = await store.record_probe(
-        effect.id, verdict.event, status, verdict.detail, retry_at, counted=counted
+        effect.id, verdict.event, status, verdict.detail, retry_at, counted=counted, actor=actor
     )
     log.info("probe of %s (%s): %s", effect.id, effect.resource, verdict.detail)
     return ProbeResult(recorded, verdict.conclusion.value, verdict.detail)

@@ -111,12 +111,14 @@ class LeaseView:
     live: bool
     blocked: bool
     in_doubt: tuple[str, ...]
+    client: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "resource": self.resource,
             "epoch": self.epoch,
             "holder": self.holder,
+            "client": self.client,
             "expires_at": self.expires_at,
             "live": self.live,
             "blocked": self.blocked,
@@ -197,10 +199,17 @@ class Store:
     # -- leases ---------------------------------------------------------------
 
     async def acquire(
-        self, resource: str, holder: str, ttl_s: float, token_hash: str, max_live_leases: int = 0
+        self,
+        resource: str,
+        holder: str,
+        ttl_s: float,
+        token_hash: str,
+        max_live_leases: int = 0,
+        client: str | None = None,
     ) -> tuple[LeaseRecord, float] | Refusal:
         """Grant a new lease at a higher epoch; returns it with the transaction's clock.
-        `max_live_leases` caps the live leases of the holder (0: no cap)."""
+        `max_live_leases` caps the live leases of the holder (0: no cap); `client` is
+        the authenticated client taking it (None without `auth:`)."""
 
         superseded = False
 
@@ -209,7 +218,7 @@ class Store:
             state = await _resource_state(tx, resource, lock=True)
             live = None
             if max_live_leases > 0:
-                live = await _live_leases(tx, holder, max_live_leases)
+                live = await _live_leases(tx, holder, client, max_live_leases)
             decision = fencing.decide_acquire(state, ttl_s, tx.now, live)
             if isinstance(decision, Refusal):
                 return decision
@@ -223,9 +232,9 @@ class Store:
                     ended_at=tx.now,
                     end_reason=Ending.SUPERSEDED,
                 )
-            await _grant(tx, resource, holder, token_hash, decision, ttl_s)
+            await _grant(tx, resource, holder, token_hash, decision, ttl_s, client)
             lease = LeaseRecord(
-                resource, decision.epoch, holder, tx.now, decision.expires_at, None, None
+                resource, decision.epoch, holder, tx.now, decision.expires_at, None, None, client
             )
             return lease, tx.now
 
@@ -254,9 +263,7 @@ class Store:
                 expires_at=expires_at,
                 ttl_s=ttl_s,
             )
-            renewed = LeaseRecord(
-                lease.resource, lease.epoch, lease.holder, lease.granted_at, expires_at, None, None
-            )
+            renewed = replace(lease, expires_at=expires_at, ended_at=None, end_reason=None)
             return renewed, tx.now
 
         renewed = await self.connector.write(operation)
@@ -298,8 +305,10 @@ class Store:
             self._observe(came_back, CAME_BACK)
         return released
 
-    async def revoke(self, resource: str, reason: str) -> tuple[int, int]:
-        """Advance the epoch now; returns (old epoch, new epoch)."""
+    async def revoke(self, resource: str, reason: str, actor: str | None = None) -> tuple[int, int]:
+        """Advance the epoch now; returns (old epoch, new epoch). `actor`, who asked, is
+        kept in the ended lease's reason."""
+        why = f"revoked by {actor}: {reason}" if actor else f"revoked: {reason}"
 
         ended = False
 
@@ -313,7 +322,7 @@ class Store:
                     resource=resource,
                     epoch=state.epoch,
                     ended_at=tx.now,
-                    end_reason=f"revoked: {reason}",
+                    end_reason=why,
                 )
             advanced = state.next_epoch()
             await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
@@ -363,6 +372,7 @@ class Store:
                 resource=resource,
                 epoch=state.epoch,
                 holder=current.holder if current else None,
+                client=current.client if current else None,
                 expires_at=current.expires_at if current else None,
                 live=bool(current and current.live(tx.now)),
                 blocked=bool(state.blocking()),
@@ -657,9 +667,12 @@ class Store:
         next_probe_at: float | None,
         counted: bool = True,
         conclusion: str | None = None,
+        actor: str | None = None,
     ) -> EffectRecord | None:
         """Record one probe answer as core/lifecycle.py says; an inconclusive one keeps
-        the effect UNKNOWN and schedules the next attempt (None: attempts used up)."""
+        the effect UNKNOWN and schedules the next attempt (None: attempts used up).
+        `actor` is who asked for the probe (None: this instance, on its schedule)."""
+        prober = actor or self.instance_id
 
         async def operation(tx: Tx) -> EffectRecord | None:
             row = await _locked_effect(tx, effect_id)
@@ -681,7 +694,7 @@ class Store:
                 effect_id,
                 event,
                 "probe",
-                self.instance_id,
+                prober,
                 detail,
                 upstream_status,
                 settled_by="probe",
@@ -694,7 +707,7 @@ class Store:
                     tx,
                     effect_id,
                     "probe",
-                    self.instance_id,
+                    prober,
                     None,
                     "gave_up",
                     "no probe attempts left; an operator must resolve this effect",
@@ -963,17 +976,23 @@ async def _lock_resource(tx: Tx, resource: str) -> None:
         tx.now = float(locked["now"])
 
 
-async def _live_leases(tx: Tx, holder: str, cap: int) -> LiveLeases:
-    """The holder's live leases, counted under its quota subject's lock (taken after
-    the resource's, see lock_quota_subject) so that concurrent acquires of one holder
-    on different resources cannot both find room under the cap."""
-    locked = await tx.one("lock_quota_subject", subject=holder)
+async def _live_leases(tx: Tx, holder: str, client: str | None, cap: int) -> LiveLeases:
+    """The quota subject's live leases: the authenticated client's (all the leases it
+    took, whatever holders they name), else the holder's (proxy/quotas.py
+    quota_subject). Counted under the subject's lock (taken after the resource's, see
+    lock_quota_subject) so that concurrent acquires of one subject on different
+    resources cannot both find room under the cap."""
+    subject = client if client is not None else holder
+    locked = await tx.one("lock_quota_subject", subject=subject)
     if locked is not None:
         tx.now = float(locked["now"])
-    row = await tx.one("live_leases_of_holder", holder=holder, now=tx.now)
+    if client is not None:
+        row = await tx.one("live_leases_of_client", client=client, now=tx.now)
+    else:
+        row = await tx.one("live_leases_of_holder", holder=holder, now=tx.now)
     assert row is not None  # an aggregate always answers one row
     earliest = row["earliest"]
-    return LiveLeases(holder, cap, int(row["n"]), None if earliest is None else float(earliest))
+    return LiveLeases(subject, cap, int(row["n"]), None if earliest is None else float(earliest))
 
 
 async def _effect_row(tx: Tx, effect_id: str) -> Row:
@@ -1144,7 +1163,13 @@ async def _mark_came_back(tx: Tx, lease: LeaseRecord | None, code: str) -> str |
 
 
 async def _grant(
-    tx: Tx, resource: str, holder: str, token_hash: str, grant: Grant, ttl_s: float
+    tx: Tx,
+    resource: str,
+    holder: str,
+    token_hash: str,
+    grant: Grant,
+    ttl_s: float,
+    client: str | None,
 ) -> None:
     await tx.execute("set_resource_epoch", resource=resource, epoch=grant.epoch)
     await tx.execute(
@@ -1156,6 +1181,7 @@ async def _grant(
         granted_at=tx.now,
         expires_at=grant.expires_at,
         ttl_s=ttl_s,
+        client=client,
     )
 
 

@@ -29,6 +29,7 @@ def lease_record(row: Row | None) -> LeaseRecord | None:
         expires_at=float(row["expires_at"]),
         ended_at=row["ended_at"],
         end_reason=row["end_reason"],
+        client=row["client"],
     )
 
 

@@ -10,13 +10,13 @@
 -- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
 -- was a grant (a revocation advances the epoch without one), and the epoch floor.
 SELECT :resource AS resource, r.epoch, m.epoch_floor,
-       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client
 FROM store_meta m
 LEFT JOIN resources r ON r.resource = :resource
 LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
 
 -- lease_by_token --
-SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason
+SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client
 FROM leases WHERE token_hash = :token_hash
 
 -- effects_in_doubt --
@@ -30,8 +30,8 @@ INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
 ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch
 
 -- insert_lease --
-INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at, granted_ttl_s)
-VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at, :ttl_s)
+INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at, granted_ttl_s, client)
+VALUES (:resource, :epoch, :holder, :token_hash, :granted_at, :expires_at, :ttl_s, :client)
 
 -- extend_lease --
 UPDATE leases SET expires_at = :expires_at, renewals = renewals + 1, last_ttl_s = :ttl_s
@@ -71,6 +71,12 @@ WHERE resource = :resource AND epoch = :epoch AND ended_at IS NULL
 -- expires; read through leases_live_by_holder, the subject's range of unended leases.
 SELECT count(*) AS n, min(expires_at) AS earliest FROM leases
 WHERE holder = :holder AND ended_at IS NULL AND expires_at > :now
+
+-- live_leases_of_client --
+-- With `auth:`, the quota subject is the client that took the leases, through
+-- leases_live_by_client.
+SELECT count(*) AS n, min(expires_at) AS earliest FROM leases
+WHERE client = :client AND ended_at IS NULL AND expires_at > :now
 
 -- idempotency_record --
 SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i.epoch,

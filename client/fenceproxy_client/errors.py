@@ -192,6 +192,18 @@ class Overloaded(FenceError):
     code = "overloaded"
 
 
+class Forbidden(FenceError):
+    """Your client key lacks the right this call needs (`auth:` `may`)."""
+
+    code = "forbidden"
+
+
+class ForbiddenResource(FenceError):
+    """The resource is outside your client key's `resources` globs."""
+
+    code = "forbidden_resource"
+
+
 class RateLimited(FenceError):
     """Your quota of live leases or acquires per second is used up (`retry_after_s`
     says when to ask again); acquiring with `wait_s` waits it out."""

@@ -159,6 +159,7 @@ def test_leases_show_on_a_fresh_store_is_epoch_0(cli: Cli, config: Path) -> None
         "resource": RESOURCE,
         "epoch": 0,
         "holder": None,
+        "client": None,
         "expires_at": None,
         "live": False,
         "blocked": False,
@@ -170,7 +171,15 @@ def test_leases_show_prints_a_table_for_people(cli: Cli, config: Path) -> None:
     result = cli("leases", "show", RESOURCE, "--config", str(config))
     assert result.code == 0, result.err
     header, row = result.out.splitlines()
-    assert header.split() == ["epoch", "holder", "live", "blocked", "expires_at", "in_doubt"]
+    assert header.split() == [
+        "epoch",
+        "holder",
+        "client",
+        "live",
+        "blocked",
+        "expires_at",
+        "in_doubt",
+    ]
     assert row.split()[0] == "0"
 
 
@@ -339,3 +348,67 @@ def test_lease_advice_refuses_a_bad_option_in_one_line(cli: Cli, config: Path) -
     result = cli("lease-advice", "--config", str(config), "--margin", "zero")
     assert result.code != 0
     assert "margin" in result.one_line_error()
+
+
+# --- the lease API's exposure and clients' keys (check-config, serve) --------------------
+
+AUTH_BLOCK = """
+auth:
+  clients:
+    - name: routing-workers
+      key_env: FENCEPROXY_TEST_KEY_ROUTING
+      resources: ["rule:*"]
+      may: [lease]
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _exposed(config: Path) -> str:
+    text = config.read_text(encoding="utf-8")
+    assert text.count("host: 127.0.0.1, port: 8080") == 1
+    return text.replace("host: 127.0.0.1, port: 8080", "host: 0.0.0.0, port: 8080")
+
+
+def test_check_config_warns_when_an_open_lease_api_listens_beyond_loopback(
+    cli: Cli, config: Path, tmp_path: Path
+) -> None:
+    exposed = _write(tmp_path / "exposed.yaml", _exposed(config))
+    result = cli("check-config", str(exposed))
+    assert result.code == 0, result.err
+    line = result.one_line_error()
+    assert "warning" in line and "no auth: block" in line and "0.0.0.0:8080" in line
+    assert cli("check-config", str(config)).err == ""
+
+
+def test_check_config_does_not_warn_when_clients_are_configured(
+    cli: Cli, config: Path, tmp_path: Path
+) -> None:
+    guarded = _write(tmp_path / "guarded.yaml", _exposed(config) + AUTH_BLOCK)
+    result = cli("check-config", str(guarded), env={"FENCEPROXY_TEST_KEY_ROUTING": "k" * 32})
+    assert (result.code, result.err) == (0, "")
+
+
+def test_check_config_warns_about_an_unset_key_and_serve_refuses_to_start(
+    cli: Cli, config: Path, tmp_path: Path
+) -> None:
+    guarded = _write(tmp_path / "guarded.yaml", config.read_text(encoding="utf-8") + AUTH_BLOCK)
+    checked = cli("check-config", str(guarded), env={"FENCEPROXY_TEST_KEY_ROUTING": ""})
+    assert checked.code == 0, checked.err
+    assert "auth.clients[0].key_env (line " in checked.one_line_error()
+    served = cli(
+        "serve",
+        "--config",
+        str(guarded),
+        "--state-dir",
+        str(tmp_path / "state"),
+        env={"FENCEPROXY_TEST_KEY_ROUTING": ""},
+    )
+    assert served.code == 1
+    line = served.one_line_error()
+    assert "auth.clients[0].key_env (line " in line
+    assert "FENCEPROXY_TEST_KEY_ROUTING is not set" in line
+    assert "routing-workers" in line

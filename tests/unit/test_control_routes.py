@@ -68,7 +68,7 @@ def test_the_openapi_document_lists_every_control_endpoint() -> None:
 def test_the_in_doubt_listing_is_an_admin_endpoint() -> None:
     assert ("GET", "/_fence/v1/reconcile") in served()
     operation = openapi.document()["paths"]["/_fence/v1/reconcile"]["get"]
-    assert operation["security"] == [{"admin": []}]
+    assert operation["security"] == [{"admin": []}, {"client": []}]
 
 
 def _operations() -> list[tuple[str, str, dict[str, Any]]]:

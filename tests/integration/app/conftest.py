@@ -158,25 +158,30 @@ def policy_yaml(
     limits: str | None = None,
     pool: str | None = None,
     quotas: str | None = None,
+    top_level: str = "",
 ) -> str:
     """The test policy; `reconcile` (a YAML mapping) and `upstream_idempotent` go on
     the place-order route, `limits` and `quotas` (YAML mappings) are the top-level
-    blocks and `pool` (a YAML mapping) the supplier upstream's."""
+    blocks and `pool` (a YAML mapping) the supplier upstream's; `top_level` is YAML
+    appended at the end (more top-level blocks)."""
     extra = ""
     if reconcile is not None:
         extra += f"    reconcile: {reconcile}\n"
     if upstream_idempotent:
         extra += "    upstream_idempotent: true\n"
-    return POLICY.substitute(
-        store=json.dumps(store_url),
-        url=json.dumps(upstream_url),
-        timeout_s=timeout_s,
-        forward_fence_headers="true" if forward_fence_headers else "false",
-        max_in_flight=max_in_flight,
-        place_order_extra=extra,
-        limits=f"limits: {limits}" if limits is not None else "",
-        quotas=f"quotas: {quotas}" if quotas is not None else "",
-        pool=f", pool: {pool}" if pool is not None else "",
+    return (
+        POLICY.substitute(
+            store=json.dumps(store_url),
+            url=json.dumps(upstream_url),
+            timeout_s=timeout_s,
+            forward_fence_headers="true" if forward_fence_headers else "false",
+            max_in_flight=max_in_flight,
+            place_order_extra=extra,
+            limits=f"limits: {limits}" if limits is not None else "",
+            quotas=f"quotas: {quotas}" if quotas is not None else "",
+            pool=f", pool: {pool}" if pool is not None else "",
+        )
+        + top_level
     )
 
 
@@ -372,6 +377,8 @@ class FenceFactory(Protocol):
         limits: str | None = None,
         pool: str | None = None,
         quotas: str | None = None,
+        top_level: str = "",
+        admin_token_next: str | None = None,
     ) -> Awaitable[Fence]: ...
 
 
@@ -453,6 +460,8 @@ async def make_fence(
         limits: str | None = None,
         pool: str | None = None,
         quotas: str | None = None,
+        top_level: str = "",
+        admin_token_next: str | None = None,
     ) -> Fence:
         demo_server, upstream = await start_upstream()
         db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
@@ -468,13 +477,16 @@ async def make_fence(
             limits=limits,
             pool=pool,
             quotas=quotas,
+            top_level=top_level,
         )
         policy = parse_policy(text)
         config_path = tmp_path / "fenceproxy.yaml"
         config_path.write_text(text, encoding="utf-8")
 
         async def start() -> Fence:
-            app = build_app(policy, admin_token=admin_token, clock=clock)
+            app = build_app(
+                policy, admin_token=admin_token, clock=clock, admin_token_next=admin_token_next
+            )
             # The options `fenceproxy serve` gives aiohttp's server: the parser limits (so
             # that oversized headers reach the proxy's own check rather than aiohttp's
             # plain 400) and the header timeout.

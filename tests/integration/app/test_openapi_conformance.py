@@ -27,7 +27,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.integration.app.backends import Backend
-from tests.integration.app.conftest import ADMIN_TOKEN, Fence, json_body
+from tests.integration.app.conftest import ADMIN_TOKEN, Fence, FenceFactory, json_body
+from tests.integration.app.test_auth import AUTH, RULES_READER_KEY
 
 EXAMPLES_PER_OPERATION = 25
 # The whole run, on a slow machine, with room to spare; a run over it is a regression.
@@ -49,11 +50,16 @@ def backend() -> Backend:
 def _has_input(document: dict[str, Any], method: str, path: str) -> bool:
     """Whether an operation takes anything a negative example could get wrong."""
     operation = document["paths"][path][method]
-    return any(key in operation for key in ("parameters", "requestBody", "security"))
+    # Security that may be left out (`{}`, open without `auth:`) is nothing to get wrong.
+    required_security = "security" in operation and {} not in operation["security"]
+    return required_security or any(key in operation for key in ("parameters", "requestBody"))
 
 
-def _run(document: dict[str, Any], base_url: str, mode: GenerationMode) -> list[str]:
-    """Every operation's examples, in this (worker) thread; the operations checked."""
+def _run(
+    document: dict[str, Any], base_url: str, mode: GenerationMode, key: str = ADMIN_TOKEN
+) -> list[str]:
+    """Every operation's examples, in this (worker) thread, presenting `key`; the
+    operations checked."""
     schema = schemathesis.openapi.from_dict(document)
     checked = []
     for result in schema.get_all_operations():
@@ -75,7 +81,7 @@ def _run(document: dict[str, Any], base_url: str, mode: GenerationMode) -> list[
         def examples(case: schemathesis.Case[Any]) -> None:
             case.call_and_validate(
                 base_url=base_url,
-                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                headers={"Authorization": f"Bearer {key}"},
                 checks=CHECKS,
                 timeout=10,
             )
@@ -131,3 +137,21 @@ async def test_the_served_document_states_the_running_policys_lease_bounds(fence
             leases.max_ttl_s,
             leases.default_ttl_s,
         ), path
+
+
+async def test_with_clients_a_scoped_readers_answers_conform_too(make_fence: FenceFactory) -> None:
+    """With an `auth:` block and a client that may only read `rules:*`: the 401 and 403
+    answers (forbidden, forbidden_resource) are documented where they happen."""
+    fence = await make_fence(top_level=AUTH)
+    seeded = await fence.client.post(
+        "/_fence/v1/leases",
+        json={"resource": "supplier:widget", "holder": "worker-a"},
+        headers=fence.admin,
+    )
+    assert seeded.status == 201, await seeded.text()
+    document = await json_body(await fence.client.get("/_fence/v1/openapi.json"))
+    base_url = str(fence.client.make_url("")).rstrip("/")
+    checked = await asyncio.to_thread(
+        _run, document, base_url, GenerationMode.POSITIVE, RULES_READER_KEY
+    )
+    assert len(checked) == sum(len(operations) for operations in document["paths"].values())

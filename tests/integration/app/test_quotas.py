@@ -9,6 +9,7 @@ no row per request to the store.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 
 import pytest
@@ -230,3 +231,47 @@ async def test_the_live_lease_refusal_is_counted_too(make_fence: FenceFactory) -
     await counted_in_the_end(fence, 20)
     assert await fence.rows("SELECT count(*) FROM rejections") == [(0,)]
     assert await backends.count(fence.store_url, "refusal_counts") == 1
+
+
+# --- with auth: the client is the subject --------------------------------------------------
+
+CLIENT_KEY = "quota-client-key-0123456789abcdef0123"
+OTHER_KEY = "other-client-key-0123456789abcdef0123"
+CLIENTS = f"""\
+auth:
+  clients:
+    - name: workers
+      key_sha256: "{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}"
+      resources: ["rules:*"]
+      may: [lease]
+    - name: others
+      key_sha256: "{hashlib.sha256(OTHER_KEY.encode()).hexdigest()}"
+      resources: ["rules:*"]
+      may: [lease]
+"""
+
+
+async def test_with_auth_a_client_is_the_subject_whatever_holders_it_names(
+    make_fence: FenceFactory,
+) -> None:
+    """A client cannot dodge its cap by naming a new holder each time, and one
+    client's leases do not count against another that names the same holder."""
+    fence = await make_fence(quotas="{live_leases: 2, acquires_per_s: 0}", top_level=CLIENTS)
+
+    async def acquire(key: str, resource: str, holder: str) -> ClientResponse:
+        return await fence.client.post(
+            "/_fence/v1/leases",
+            json={"resource": resource, "holder": holder, "ttl_s": 30},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+
+    for resource, holder in (("rules:r1", "h-1"), ("rules:r2", "h-2")):
+        response = await acquire(CLIENT_KEY, resource, holder)
+        assert response.status == 201, await response.text()
+
+    await rate_limited(await acquire(CLIENT_KEY, "rules:r3", "h-3"))
+    response = await acquire(OTHER_KEY, "rules:r3", "h-1")
+    assert response.status == 201, await response.text()
+    assert await fence.rows(
+        "SELECT client, count(*) FROM leases GROUP BY client ORDER BY client"
+    ) == [("others", 1), ("workers", 2)]

@@ -115,6 +115,8 @@ class StackOptions:
     reconcile: ReconcileBlock | None = None
     grace_s: float | None = None  # `fenceproxy serve --grace`; None: the CLI's default
     limits: str | None = None  # the policy's `limits:` mapping (YAML); None: the defaults
+    top_level: str = ""  # YAML appended to the policy (more top-level blocks)
+    env: tuple[tuple[str, str], ...] = ()  # more environment for the proxy process
 
 
 # -- a small synchronous HTTP client ---------------------------------------------------
@@ -715,6 +717,7 @@ def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterato
             place_order_reconcile=options.reconcile.yaml() if options.reconcile else "",
             limits=f"limits: {options.limits}" if options.limits else "",
         )
+        + options.top_level
     )
     proxy_argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
     if options.grace_s is not None:
@@ -723,6 +726,7 @@ def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterato
         **os.environ,
         ADMIN_TOKEN_ENV: admin_token,
         INSTANCE_ID_ENV: f"process-test-proxy:{proxy_port}",
+        **dict(options.env),
     }
     with contextlib.ExitStack() as processes:
         upstream = processes.enter_context(

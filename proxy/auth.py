@@ -1,0 +1,202 @@
+"""Who is calling the control API, and what it may do there.
+
+`authenticate(request)` is the one place a credential becomes a client: today a
+bearer key (a client's of the policy's `auth:` block, or an admin token); a
+verified TLS client certificate would be mapped to a client here too. Once a
+call has let a client through (`require`, `guard`), the client is on the request
+under `CLIENT`, for whatever is keyed by it (quotas, logs).
+
+Keys are never kept, only their SHA-256: a presented key is hashed and compared
+with every configured digest in constant time, so neither a match nor its
+position in the policy shows in the answer's timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from aiohttp import web
+
+from core.codes import ErrorCode
+from policies import AuthClient, Listen, Policy, Right
+from proxy.problems import ProblemError
+from proxy.requests import single_header
+
+T = TypeVar("T")
+
+# The admin token's client: every right on every resource. Its name is the actor
+# recorded for what it does (policies refuse a client of that name).
+ADMIN = AuthClient(
+    name="admin", key_env=None, key_sha256=None, resources=("*",), may=frozenset({Right.ADMIN})
+)
+CLIENT = web.RequestKey("client", AuthClient)
+
+
+class KeyProblem(Exception):
+    """A client's key cannot be had (its variable is unset), or names two clients."""
+
+
+def _digest(key: str) -> bytes:
+    # A header's bytes that are not UTF-8 come from aiohttp as surrogates: hashed as
+    # the bytes sent, they match no key (rather than failing to encode).
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
+def missing_keys(policy: Policy, environ: Mapping[str, str]) -> list[str]:
+    """One line per client whose `key_env` is unset or empty in `environ`."""
+    if policy.auth is None:
+        return []
+    return [
+        f"auth.clients[{index}].key_env (line {client.line}): {client.key_env} is not set, "
+        f"so client {client.name!r} has no key"
+        for index, client in enumerate(policy.auth.clients)
+        if client.key_env is not None and not environ.get(client.key_env)
+    ]
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The digests of every accepted key, each with its client."""
+
+    keys: tuple[tuple[bytes, AuthClient], ...]
+    # The policy has an `auth:` block: the lease API and every read need a key.
+    required: bool
+
+    @classmethod
+    def of(
+        cls, policy: Policy, admin_tokens: Sequence[str], environ: Mapping[str, str]
+    ) -> Credentials:
+        """From the policy, the admin tokens in use (empty ones ignored) and the
+        environment the clients' `key_env` names are read from."""
+        missing = missing_keys(policy, environ)
+        if missing:
+            raise KeyProblem(missing[0])
+        keys = [(_digest(token), ADMIN) for token in admin_tokens if token]
+        for client in policy.auth.clients if policy.auth is not None else ():
+            if client.key_sha256 is not None:
+                keys.append((bytes.fromhex(client.key_sha256), client))
+            elif client.key_env is not None:
+                keys.append((_digest(environ[client.key_env]), client))
+        seen: dict[bytes, AuthClient] = {}
+        for digest, client in keys:
+            other = seen.setdefault(digest, client)
+            if other is not client:
+                raise KeyProblem(
+                    f"clients {other.name!r} and {client.name!r} have the same key: "
+                    "a key must name one client"
+                )
+        return cls(tuple(keys), policy.auth is not None)
+
+    def match(self, key: str) -> AuthClient | None:
+        digest = _digest(key)
+        found = None
+        # Every digest is compared, a match or not: the time taken says nothing.
+        for candidate, client in self.keys:
+            if hmac.compare_digest(digest, candidate) and found is None:
+                found = client
+        return found
+
+    @property
+    def admin_api_on(self) -> bool:
+        return bool(self.keys)
+
+
+CREDENTIALS = web.AppKey("credentials", Credentials)
+
+
+def authenticate(request: web.Request) -> AuthClient | None:
+    """The client whose key the request presents (`Authorization: Bearer KEY`), or None."""
+    header = single_header(request, "Authorization")
+    if header is None:
+        return None
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        return None
+    return request.config_dict[CREDENTIALS].match(key)
+
+
+def require(request: web.Request, right: Right, resource: str | None = None) -> AuthClient:
+    """The caller, if it holds `right` (and covers `resource`): otherwise 401 for no
+    valid key, 403 `forbidden` for a right it lacks, 403 `forbidden_resource`."""
+    credentials = request.config_dict[CREDENTIALS]
+    client = authenticate(request)
+    if client is None:
+        if not credentials.admin_api_on:
+            raise ProblemError(
+                ErrorCode.UNAUTHORIZED, "the admin API is off: no admin token is configured"
+            )
+        wanted = "a client's key or the admin token" if credentials.required else "admin token"
+        raise ProblemError(
+            ErrorCode.UNAUTHORIZED, f"this call needs Authorization: Bearer <{wanted}>"
+        )
+    if not client.holds(right):
+        raise ProblemError(
+            ErrorCode.FORBIDDEN,
+            f"client {client.name!r} may not {right.value} (auth.clients[].may)",
+            client=client.name,
+        )
+    request[CLIENT] = client
+    if resource is not None:
+        check_scope(client, resource)
+    return client
+
+
+def guard(request: web.Request, right: Right, resource: str | None = None) -> AuthClient | None:
+    """For the calls open to anyone without `auth:` (acquire, lease view, metrics):
+    None then; with it, `require`."""
+    if not request.config_dict[CREDENTIALS].required:
+        return None
+    return require(request, right, resource)
+
+
+def check_scope(client: AuthClient | None, resource: str | None) -> None:
+    if client is not None and not client.covers(resource):
+        raise ProblemError(
+            ErrorCode.FORBIDDEN_RESOURCE,
+            f"client {client.name!r} may not act on {resource or 'rows of no resource'}: "
+            "it matches none of its resources globs",
+            client=client.name,
+            resource=resource,
+        )
+
+
+def in_scope(
+    client: AuthClient, rows: Iterable[T], resource_of: Callable[[T], str | None]
+) -> list[T]:
+    """The rows about resources the client covers: what a listing shows it."""
+    return [row for row in rows if client.covers(resource_of(row))]
+
+
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(policy: Policy) -> str | None:
+    """One line when the lease API is open (no `auth:`) on a non-loopback listener."""
+    if policy.auth is not None:
+        return None
+    exposed = [
+        f"{listen.host}:{listen.port}"
+        for listen in (policy.listen, policy.metrics_listen)
+        if isinstance(listen, Listen) and not is_loopback(listen.host)
+    ]
+    if not exposed:
+        return None
+    return (
+        f"no auth: block, yet listening on {', '.join(exposed)}: anyone who can "
+        "reach it can take any free resource and read holder names"
+    )
