@@ -98,7 +98,7 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
     retention = _parse_retention(root, problems, routes)
     limits = _parse_limits(root, problems)
     quotas = _parse_quotas(root, problems)
-    auth = _parse_auth(root, problems)
+    auth = _parse_auth(root, problems, listen)
     next_admin_env = _env_name(root, "admin_token_next_env", problems)
     metrics_listen = _parse_metrics_listen(root, problems, listen)
     if problems:
@@ -204,8 +204,8 @@ def _env_name(block: Mapping, key: str, problems: Problems) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _parse_auth(root: Mapping, problems: Problems) -> Auth | None:
-    """`auth: {clients: [{name, key_env | key_sha256, resources, may}]}`."""
+def _parse_auth(root: Mapping, problems: Problems, listen: Listen) -> Auth | None:
+    """`auth: {clients: [{name, key_env | key_sha256 | cert_subject, resources, may}]}`."""
     node = root.child("auth")
     if node is None:
         return None
@@ -219,10 +219,25 @@ def _parse_auth(root: Mapping, problems: Problems) -> Auth | None:
     clients: list[AuthClient] = []
     names: dict[str, int] = {}
     digests: dict[str, int] = {}
+    subjects: dict[str, int] = {}
     for element in clients_node.elements():
         client = _parse_client(element, problems)
         if client is None:
             continue
+        if client.cert_subject is not None:
+            if listen.tls is None or listen.tls.client_ca is None:
+                problems.add(
+                    element,
+                    "cert_subject needs listen.tls.client_ca: only a client certificate "
+                    "verified against it can name a client",
+                )
+            elif client.cert_subject in subjects:
+                problems.add(
+                    element,
+                    f"cert_subject is also the subject of the client on line "
+                    f"{subjects[client.cert_subject]}: a certificate must name one client",
+                )
+            subjects.setdefault(client.cert_subject, element.line)
         if client.name in names:
             problems.add(
                 element, f"client name {client.name!r} is already used on line {names[client.name]}"
@@ -243,7 +258,9 @@ def _parse_auth(root: Mapping, problems: Problems) -> Auth | None:
 
 
 def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
-    spec = Mapping(node, problems, {"name", "key_env", "key_sha256", "resources", "may"})
+    spec = Mapping(
+        node, problems, {"name", "key_env", "key_sha256", "cert_subject", "resources", "may"}
+    )
     if not spec.valid:
         return None
     before = len(problems.items)
@@ -262,8 +279,12 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
             spec.children["key_sha256"],
             'expected the key\'s SHA-256 as 64 hex digits (printf %s "$KEY" | sha256sum)',
         )
-    if ("key_env" in spec.children) == ("key_sha256" in spec.children):
-        problems.add(node, "a client needs exactly one of key_env and key_sha256")
+    cert_subject = spec.text("cert_subject", default=None)
+    if cert_subject is not None and not cert_subject.strip():
+        problems.add(spec.children["cert_subject"], "expected a certificate subject's CN")
+    credentials = ("key_env", "key_sha256", "cert_subject")
+    if sum(key in spec.children for key in credentials) != 1:
+        problems.add(node, "a client needs exactly one of key_env, key_sha256 and cert_subject")
     globs = spec.text_list("resources", required=True) or []
     for glob, element in globs:
         if not _GLOB.match(glob):
@@ -296,6 +317,7 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
         resources=tuple(glob for glob, _ in globs),
         may=frozenset(rights),
         line=node.line,
+        cert_subject=cert_subject,
     )
 
 

@@ -215,6 +215,9 @@ class AuthClient:
     resources: tuple[str, ...]
     may: frozenset[Right]
     line: int = 0
+    # Instead of a key: the subject CN of a client certificate verified against
+    # `listen.tls.client_ca` names this client (mutual TLS).
+    cert_subject: str | None = None
 
     def holds(self, right: Right) -> bool:
         return bool(self.may & _IMPLIED_BY[right])

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aiohttp import web
@@ -26,6 +26,7 @@ from core.codes import ErrorCode
 from policies import AuthClient, Listen, Policy, Right
 from proxy.problems import ProblemError
 from proxy.requests import single_header
+from proxy.tls import client_subject
 
 T = TypeVar("T")
 
@@ -66,6 +67,8 @@ class Credentials:
     keys: tuple[tuple[bytes, AuthClient], ...]
     # The policy has an `auth:` block: the lease API and every read need a key.
     required: bool
+    # Clients named by a verified client certificate's subject CN instead of a key.
+    subjects: Mapping[str, AuthClient] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -90,7 +93,12 @@ class Credentials:
                     f"clients {other.name!r} and {client.name!r} have the same key: "
                     "a key must name one client"
                 )
-        return cls(tuple(keys), policy.auth is not None)
+        subjects = {
+            client.cert_subject: client
+            for client in (policy.auth.clients if policy.auth is not None else ())
+            if client.cert_subject is not None
+        }
+        return cls(tuple(keys), policy.auth is not None, subjects)
 
     def match(self, key: str) -> AuthClient | None:
         digest = _digest(key)
@@ -110,10 +118,15 @@ CREDENTIALS = web.AppKey("credentials", Credentials)
 
 
 def authenticate(request: web.Request) -> AuthClient | None:
-    """The client whose key the request presents (`Authorization: Bearer KEY`), or None."""
+    """The client whose key the request presents (`Authorization: Bearer KEY`); without
+    that header, the client its connection's verified certificate names
+    (`cert_subject`); or None. A key, when presented, is the only credential judged."""
     header = single_header(request, "Authorization")
     if header is None:
-        return None
+        subject = client_subject(request)
+        if subject is None:
+            return None
+        return request.config_dict[CREDENTIALS].subjects.get(subject)
     scheme, _, key = header.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:

@@ -4,10 +4,11 @@ clients with rights and scopes, every problem named by line and key."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
-from policies import AuthClient, Listen, Right, parse_policy
+from policies import Auth, AuthClient, Listen, Right, parse_policy
 from proxy.auth import ADMIN, Credentials, KeyProblem, exposure_warning, is_loopback
 from tests.unit.test_policies import VALID, assert_single_problem, edit, problems_of, with_text
 
@@ -204,3 +205,24 @@ def test_an_open_lease_api_on_a_non_loopback_listener_is_warned_about() -> None:
     assert exposure_warning(parse_policy(VALID)) is None
     guarded = parse_policy(edit("host: 127.0.0.1", "host: 0.0.0.0", with_clients(GOOD)))
     assert exposure_warning(guarded) is None
+
+
+def test_a_certificate_subject_needs_a_client_ca_and_names_one_client() -> None:
+    subject = '{name: w, cert_subject: worker-7, resources: ["*"], may: [lease]}'
+    assert_single_problem(
+        with_clients(subject), 15, "auth.clients[0]", "cert_subject needs listen.tls.client_ca"
+    )
+    key_and_subject = (
+        '{name: w, key_env: K, cert_subject: worker-7, resources: ["*"], may: [lease]}'
+    )
+    assert_single_problem(
+        with_clients(key_and_subject), 15, "auth.clients[0]", "exactly one of key_env"
+    )
+
+
+def test_a_client_named_by_its_certificate_matches_no_key() -> None:
+    named = client(name="w", key_sha256=None, cert_subject="worker-7")
+    policy = parse_policy(VALID)
+    credentials = Credentials.of(replace(policy, auth=Auth((named,))), [], {})
+    assert credentials.subjects == {"worker-7": named}
+    assert credentials.keys == ()

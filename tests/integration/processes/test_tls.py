@@ -78,7 +78,7 @@ routes:
     upstream: supplier-untrusted
     match: {{methods: [PUT], path: "/rules/{{rule_id}}"}}
     resource: "rule:{{rule_id}}"
-"""
+{top_level}"""
 
 
 def client_context(ca: TestCA | None, certificate: Issued | None = None) -> ssl.SSLContext:
@@ -213,6 +213,7 @@ def start_stack(
     supplier_ca_bundle: str | None,
     client_tls: ssl.SSLContext | None,
     upstream_ca: TestCA | None,
+    top_level: str = "",
 ) -> Iterator[TlsStack]:
     """Start the upstream (https with `upstream_tls`) and the proxy (its listener's
     `tls:` keys from `listen_tls`; paths relative to the policy file, which is in
@@ -235,6 +236,7 @@ def start_stack(
             admin_token_env=ADMIN_TOKEN_ENV,
             upstream_url=upstream_url,
             supplier_tls=f"    ca_bundle: {supplier_ca_bundle}" if supplier_ca_bundle else "",
+            top_level=top_level,
         )
     )
     stack = TlsStack(proxy_url, tmp_path / "upstream.db", admin_token, client_tls)
@@ -356,6 +358,53 @@ def test_mutual_tls_refuses_the_handshake_without_a_certificate_from_the_client_
 
     assert mutual_tls.lease("supplier:mtls-b")["live"] is False
     assert mutual_tls.upstream_rows("mutation_headers") == 0
+
+
+# -- a client certificate names an `auth:` client --------------------------------------------
+
+CERT_CLIENTS = """\
+auth:
+  clients:
+    - name: tls-workers
+      cert_subject: worker-7
+      resources: ["supplier:*"]
+      may: [lease, read]
+"""
+
+
+@pytest.fixture
+def mutual_tls_clients(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+    yield from start_stack(
+        tmp_path,
+        listen_tls={
+            "cert": "tls/proxy-server.pem",
+            "key": "tls/proxy-server-key.pem",
+            "client_ca": "tls/proxy-ca.pem",
+        },
+        upstream_tls=None,
+        supplier_ca_bundle=None,
+        client_tls=client_context(certificates.proxy_ca, certificates.worker),
+        upstream_ca=None,
+        top_level=CERT_CLIENTS,
+    )
+
+
+def test_a_verified_certificates_subject_names_the_client_without_a_key(
+    mutual_tls_clients: TlsStack, certificates: Certificates
+) -> None:
+    granted = mutual_tls_clients.acquire("supplier:cert-a")
+    assert granted.status == 201, granted
+    assert granted.body["client"] == "tls-workers"
+    placed = mutual_tls_clients.place_order("cert-a", granted.body["token"])
+    assert placed.status == 201, placed
+    # Its scope holds as for a key: another resource is forbidden.
+    outside = mutual_tls_clients.acquire("rule:cert-a")
+    assert_refused(outside, 403, "forbidden_resource")
+
+    # A certificate from the same CA whose subject names no client is no one.
+    unnamed = client_context(certificates.proxy_ca, certificates.proxy_ca.client("worker-8"))
+    assert_refused(mutual_tls_clients.acquire("supplier:cert-b", tls=unnamed), 401, "unauthorized")
+    assert mutual_tls_clients.upstream_rows("orders") == 1
 
 
 # -- an https upstream -------------------------------------------------------------------------
