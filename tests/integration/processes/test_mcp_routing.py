@@ -1,0 +1,271 @@
+"""The MCP routing example (examples/mcp_routing), end to end: the stale-worker story.
+
+The example's MCP server runs as a real process, driven over stdio by the official MCP
+SDK's own client; its worker processes take leases and write through a real fenceproxy
+in front of the demo upstream. Worker A claims the job, reads the rule and is stopped
+(a real SIGSTOP, by the worker's test hook, at the point where it is about to write);
+its lease and its claim expire; the supervisor's replacement B claims the job again,
+takes the lease at the next epoch and writes. Then A either wakes up (SIGCONT) and its
+late write is refused with stale_epoch, or is killed (SIGKILL). Either way the
+upstream's own history holds B's write only, and job_status shows both attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from examples.mcp_routing.jobs import DB_NAME
+from examples.mcp_routing.worker import STOP_BEFORE_WRITE_ENV
+from tests.integration.processes.conftest import (
+    PROJECT_ROOT,
+    Stack,
+    http_call,
+)
+
+RULE_ID = "staging-eu"
+RESOURCE = f"rule:{RULE_ID}"
+SEED_RULE = {"route_to": "us-east", "weight": 100}
+LEASE_TTL_S = 1.0
+# Longer than the lease: the replacement then finds A's lease already expired.
+CLAIM_TTL_S = 2.0
+STORY_TIMEOUT_S = 20.0
+POLL_INTERVAL_S = 0.05
+
+T = TypeVar("T")
+
+
+@dataclass
+class RoutingLogs:
+    """The MCP server's stderr and its workers' logs, shown when a test fails."""
+
+    server_log: Path
+    state_dir: Path
+
+    def log_tails(self) -> list[tuple[str, str]]:
+        logs = [self.server_log, *sorted((self.state_dir / "logs").glob("*.log"))]
+        return [
+            (f"{log.name}", "\n".join(log.read_text(errors="replace").splitlines()[-60:]))
+            for log in logs
+            if log.exists()
+        ]
+
+
+@pytest.fixture
+def routing_logs(tmp_path: Path) -> RoutingLogs:
+    return RoutingLogs(tmp_path / "mcp-server.log", tmp_path / "routing-state")
+
+
+@asynccontextmanager
+async def routing_server(stack: Stack, logs: RoutingLogs) -> AsyncIterator[ClientSession]:
+    """The example server with one worker, as an MCP client (Claude Desktop, ...) starts it."""
+    parameters = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "examples.mcp_routing.server",
+            "--proxy",
+            stack.proxy_url,
+            "--state",
+            str(logs.state_dir),
+            "--workers",
+            "1",
+            "--lease-ttl",
+            str(LEASE_TTL_S),
+            "--claim-ttl",
+            str(CLAIM_TTL_S),
+            "--lease-wait",
+            "1",
+            "--http-timeout",
+            "5",
+        ],
+        env={STOP_BEFORE_WRITE_ENV: "1", "PYTHONUNBUFFERED": "1"},
+        cwd=PROJECT_ROOT,
+    )
+    with logs.server_log.open("w") as errlog:
+        async with (
+            stdio_client(parameters, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+
+
+async def call(session: ClientSession, tool: str, **arguments: str) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    structured: dict[str, Any] = result.structured_content
+    return structured
+
+
+async def poll(
+    what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float = STORY_TIMEOUT_S
+) -> T:
+    """Ask `probe` until it answers something other than None; fail once time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = await probe()
+        if answer is not None:
+            return answer
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        await anyio.sleep(POLL_INTERVAL_S)
+
+
+def process_state(pid: int) -> str:
+    """The scheduler state letter from /proc (T: stopped by a signal); "gone" once reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat.rpartition(")")[2].split()[0]
+
+
+async def worker_a_stopped_before_its_write(session: ClientSession, job_id: str) -> dict[str, Any]:
+    """A's attempt once A has read the rule and stopped itself just before its PUT."""
+
+    async def stopped() -> dict[str, Any] | None:
+        attempts = (await call(session, "job_status", job_id=job_id))["attempts"]
+        if not attempts or attempts[0]["phase"] != "writing":
+            return None
+        first: dict[str, Any] = attempts[0]
+        return first if process_state(first["pid"]) == "T" else None
+
+    return await poll("worker A to stop before its write", stopped)
+
+
+async def job_done_by_replacement(session: ClientSession, job_id: str) -> dict[str, Any]:
+    async def done() -> dict[str, Any] | None:
+        status = await call(session, "job_status", job_id=job_id)
+        return status if status["state"] == "done" else None
+
+    return await poll("the replacement worker to finish the job", done)
+
+
+def assert_only_b_wrote(stack: Stack, worker_b: dict[str, Any], epoch_a: int) -> None:
+    """The upstream's own history: the seed, then B's write under epoch A + 1, nothing else."""
+    history = stack.upstream_rule_history(RULE_ID)
+    assert [entry["rule"] for entry in history[:1]] == [SEED_RULE], history
+    assert len(history) == 2, history
+    written = history[1]
+    assert written["rule"] == {
+        **SEED_RULE,
+        "route_to": "eu-west",
+        "written_by": {
+            "job": written["rule"]["written_by"]["job"],
+            "worker": worker_b["worker"],
+            "epoch": epoch_a + 1,
+        },
+    }, written
+    assert written["fence_epoch"] == str(epoch_a + 1), written
+
+
+async def start_story(stack: Stack, session: ClientSession) -> tuple[str, dict[str, Any]]:
+    """Seed the rule upstream, ask for the update, and wait for A to stall before writing."""
+    seeded = http_call(stack.upstream_url, "PUT", f"/rules/{RULE_ID}", json_body=SEED_RULE)
+    assert seeded.status == 200, seeded
+    job_id = (await call(session, "update_routing_rule", rule_id=RULE_ID, route_to="eu-west"))[
+        "job_id"
+    ]
+    worker_a = await worker_a_stopped_before_its_write(session, job_id)
+    assert worker_a["generation"] == 1
+    assert worker_a["epoch"] == 1
+    assert worker_a["outcome"] is None
+    return job_id, worker_a
+
+
+async def test_a_stalled_worker_resumed_after_its_replacement_wrote_is_refused(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    async with routing_server(stack, routing_logs) as session:
+        job_id, worker_a = await start_story(stack, session)
+        epoch_a = worker_a["epoch"]
+
+        status = await job_done_by_replacement(session, job_id)
+        worker_b = status["attempts"][1]
+        assert worker_b["worker"] != worker_a["worker"]
+        assert (worker_b["generation"], worker_b["epoch"]) == (2, epoch_a + 1)
+        assert worker_b["outcome"] == "written", worker_b
+        assert status["rule_read"] == SEED_RULE
+        # A is still stopped: it has not written, and cannot have noticed anything.
+        assert process_state(worker_a["pid"]) == "T"
+
+        os.kill(worker_a["pid"], signal.SIGCONT)
+
+        async def a_finished() -> dict[str, Any] | None:
+            status = await call(session, "job_status", job_id=job_id)
+            return status if status["attempts"][0]["outcome"] is not None else None
+
+        status = await poll("worker A's late write to be answered", a_finished)
+        assert status["attempts"][0]["outcome"] == "stale_epoch", status
+        # A's stale claim could not touch the job: B's outcome stands.
+        assert status["state"] == "done", status
+        assert status["result"]["outcome"] == "written", status
+        assert status["attempts"][1:] == [worker_b], status
+
+        assert_only_b_wrote(stack, worker_b, epoch_a)
+        # The proxy's own record of the refused write (A's release was refused as well).
+        refused_writes = [r for r in stack.rejections(RESOURCE) if r["route"] == "put-rule"]
+        assert [(r["code"], r["holder"], r["epoch"]) for r in refused_writes] == [
+            ("stale_epoch", worker_a["worker"], epoch_a)
+        ], refused_writes
+        rule = await call(session, "get_routing_rule", rule_id=RULE_ID)
+        assert rule["rule"]["written_by"]["worker"] == worker_b["worker"], rule
+
+
+async def test_a_killed_worker_is_replaced_and_its_attempt_closed(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    async with routing_server(stack, routing_logs) as session:
+        job_id, worker_a = await start_story(stack, session)
+
+        os.kill(worker_a["pid"], signal.SIGKILL)
+
+        status = await job_done_by_replacement(session, job_id)
+        assert len(status["attempts"]) == 2, status
+        worker_b = status["attempts"][1]
+        assert worker_b["worker"] != worker_a["worker"]
+        assert (worker_b["generation"], worker_b["epoch"]) == (2, worker_a["epoch"] + 1)
+        assert worker_b["outcome"] == "written", worker_b
+        closed = status["attempts"][0]
+        assert closed["outcome"] == "worker_exited", status
+        assert closed["detail"] == "worker exited (killed by SIGKILL)", status
+
+        assert_only_b_wrote(stack, worker_b, worker_a["epoch"])
+        assert stack.rejections(RESOURCE) == []
+
+
+async def test_bad_tool_input_is_an_error_result_and_enqueues_nothing(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    async with routing_server(stack, routing_logs) as session:
+        for rule_id in ("../admin", "", "a/b", "x?y", "-lead", "r" * 65):
+            result = await session.call_tool(
+                "update_routing_rule", {"rule_id": rule_id, "route_to": "eu-west"}
+            )
+            assert result.is_error, (rule_id, result)
+        for route_to in ("", "x" * 201, "eu\nwest"):
+            result = await session.call_tool(
+                "update_routing_rule", {"rule_id": RULE_ID, "route_to": route_to}
+            )
+            assert result.is_error, (route_to, result)
+        unknown = await session.call_tool("job_status", {"job_id": "no-such-job"})
+        assert unknown.is_error
+        assert "no job" in json.dumps(unknown.model_dump(mode="json"))
+    with contextlib.closing(sqlite3.connect(routing_logs.state_dir / DB_NAME)) as jobs:
+        assert jobs.execute("SELECT COUNT(*) FROM jobs").fetchone() == (0,)
+    assert stack.upstream_mutations_received() == 0
