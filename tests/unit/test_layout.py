@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ("policies", "core", "store", "reconcile", "proxy")
-BESIDE = ("demo", "support", "bench", "tests")
+BESIDE = ("demo", "support", "bench", "examples", "tests")
 
 
 def project_imports(source: Path) -> set[str]:
@@ -36,3 +36,16 @@ def test_a_package_imports_only_the_floors_below_it(floor: int) -> None:
         if project_imports(source) - allowed
     }
     assert upward == {}
+
+
+def test_the_examples_use_only_the_client_library() -> None:
+    """examples/ shows a worker's view: it runs beside any proxy, through
+    fenceproxy_client and HTTP, never by importing the server's own packages."""
+    sources = sorted((ROOT / "examples").rglob("*.py"))
+    assert sources
+    server_side = {
+        str(source.relative_to(ROOT)): sorted(project_imports(source) - {"examples"})
+        for source in sources
+        if project_imports(source) - {"examples"}
+    }
+    assert server_side == {}

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -269,3 +270,32 @@ async def test_bad_tool_input_is_an_error_result_and_enqueues_nothing(
     with contextlib.closing(sqlite3.connect(routing_logs.state_dir / DB_NAME)) as jobs:
         assert jobs.execute("SELECT COUNT(*) FROM jobs").fetchone() == (0,)
     assert stack.upstream_mutations_received() == 0
+
+
+def test_the_readme_client_updates_a_rule_through_the_server(stack: Stack, tmp_path: Path) -> None:
+    """examples/mcp_routing/README.md's terminal command, as a user would type it."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.mcp_routing.client",
+            "--proxy",
+            stack.proxy_url,
+            "--state",
+            str(tmp_path / "routing-state"),
+            "update",
+            RULE_ID,
+            "eu-west",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=STORY_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["state"] == "done", status
+    assert [attempt["outcome"] for attempt in status["attempts"]] == ["written"], status
+    history = stack.upstream_rule_history(RULE_ID)
+    assert [entry["rule"]["route_to"] for entry in history] == ["eu-west"], history
