@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +84,10 @@ class Outcome:
 class JobStore:
     """The jobs file, opened by one process; safe to use from several of its threads."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        """`clock` is wall-clock time (claims are compared across processes)."""
         state_dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
         # The MCP SDK runs synchronous tools on worker threads, hence one connection
         # shared under a lock rather than one per thread.
         self._db = sqlite3.connect(
@@ -118,7 +120,7 @@ class JobStore:
 
     def enqueue(self, rule_id: str, route_to: str) -> str:
         job_id = uuid.uuid4().hex
-        now = time.time()
+        now = self._clock()
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO jobs (job_id, rule_id, route_to, state, created_at, updated_at)"
@@ -129,7 +131,7 @@ class JobStore:
 
     def claim(self, worker: str, pid: int, claim_ttl_s: float) -> Claim | None:
         """Claim the oldest eligible job for `worker`, or None if there is none."""
-        now = time.time()
+        now = self._clock()
         with self._transaction() as db:
             row = db.execute(
                 "SELECT job_id, rule_id, route_to, generation FROM jobs"
@@ -163,7 +165,7 @@ class JobStore:
     ) -> bool:
         """Note the attempt's phase and extend the claim; False if the claim is no longer
         current (the job was claimed again), in which case the job row is left alone."""
-        now = time.time()
+        now = self._clock()
         with self._transaction() as db:
             db.execute(
                 "UPDATE attempts SET phase = ?, epoch = COALESCE(?, epoch)"
@@ -188,7 +190,7 @@ class JobStore:
     def finish(self, claim: Claim, outcome: Outcome) -> bool:
         """Record the attempt's outcome (always: attempts are appended, never replaced) and,
         only if the claim is still current, the job's new state. False: the claim was stale."""
-        now = time.time()
+        now = self._clock()
         result = json.dumps({"outcome": outcome.outcome, "detail": outcome.detail})
         with self._transaction() as db:
             db.execute(
@@ -209,7 +211,7 @@ class JobStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM jobs WHERE claimed_by = ? AND state = ? AND claim_expires_at < ?",
-                (worker, RUNNING, time.time()),
+                (worker, RUNNING, self._clock()),
             ).fetchone()
         return row is not None
 
@@ -219,7 +221,7 @@ class JobStore:
             db.execute(
                 "UPDATE attempts SET outcome = 'worker_exited', detail = ?, ended_at = ?"
                 " WHERE worker = ? AND pid = ? AND outcome IS NULL",
-                (detail, time.time(), worker, pid),
+                (detail, self._clock(), worker, pid),
             )
 
     def status(self, job_id: str) -> dict[str, Any] | None:
