@@ -92,9 +92,19 @@ def test_a_stale_claim_records_its_attempt_but_never_touches_the_job(
     current = jobs.claim("w2", 12, CLAIM_TTL_S)
     assert current is not None
     assert jobs.progress(current, CLAIM_TTL_S, phase="writing", epoch=2, rule_read={"v": 2})
-    assert jobs.finish(current, Outcome("written", DONE, "version 2"))
 
+    # While the successor is still at work...
     assert not jobs.progress(stale, CLAIM_TTL_S, phase="writing", rule_read={"v": "stale"})
+    assert not jobs.finish(stale, Outcome("stale_epoch", PENDING, "superseded"))
+
+    running = jobs.status(job_id)
+    assert running is not None
+    assert (running["state"], running["claimed_by"], running["result"]) == (RUNNING, "w2", None)
+    assert running["rule_read"] == {"v": 2}
+    clock.now += CLAIM_TTL_S - 0.1
+    assert jobs.claim("w3", 13, CLAIM_TTL_S) is None  # the stale claim extended nothing
+    # ...and after it finished.
+    assert jobs.finish(current, Outcome("written", DONE, "version 2"))
     assert not jobs.finish(stale, Outcome("stale_epoch", PENDING, "superseded"))
 
     status = jobs.status(job_id)
