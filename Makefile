@@ -4,10 +4,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench mutate simulate clean
 
-$(STAMP): pyproject.toml
+# The worker client (client/, its own distribution) goes into the same virtualenv, so
+# that its tests run against this checkout's proxy.
+$(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./client
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from core.codes import ErrorCode
-from core.records import Refusal
+from core.records import LeaseRecord, Refusal
 from proxy import openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
@@ -158,11 +158,33 @@ async def list_effects(request: web.Request) -> web.Response:
 
 
 async def show_effect(request: web.Request) -> web.Response:
-    require_admin(request)
+    """The admin reads any effect; a holder reads its own resource's (see _holder_lease)."""
+    holder_lease = await _holder_lease(request)
     history = await operations.effect_history(
         runtime_of(request).store, request.match_info["effect_id"]
     )
+    if holder_lease is not None and history.effect.resource != holder_lease.resource:
+        raise ProblemError(
+            ErrorCode.WRONG_RESOURCE,
+            f"the Fence-Token's lease guards {holder_lease.resource}, not this effect's resource",
+            resource=holder_lease.resource,
+        )
     return web.json_response(history.as_json())
+
+
+async def _holder_lease(request: web.Request) -> LeaseRecord | None:
+    """Without the admin token, a `Fence-Token` of any lease the proxy issued on the
+    effect's resource (current or ended, while the store keeps it) lets a worker read the
+    outcome of its own effect: one that lost its answer must wait for the settlement, and
+    it may have lost its lease meanwhile. None: the caller is the admin."""
+    if "Authorization" in request.headers or "Fence-Token" not in request.headers:
+        require_admin(request)
+        return None
+    token = _presented_token(request)
+    lease = await runtime_of(request).store.lease_of_token(token_hash(token))
+    if lease is None:
+        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
+    return lease
 
 
 async def probe_effect(request: web.Request) -> web.Response:

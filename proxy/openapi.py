@@ -207,7 +207,15 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "fenceproxy control API", "version": "1"},
         "components": {
-            "securitySchemes": {"admin": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "admin": {"type": "http", "scheme": "bearer"},
+                "holder": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "Fence-Token",
+                    "description": "a lease's token: reads the effects of its resource",
+                },
+            },
             "schemas": {
                 "Lease": lease,
                 "LeaseView": {
@@ -352,7 +360,11 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
             "/_fence/v1/effects/{effect_id}": {
                 "get": {
                     "summary": "one effect receipt and its history",
-                    "security": _ADMIN,
+                    "description": "With the admin token, any effect. Without it, a "
+                    "`Fence-Token` of any lease this proxy issued on the effect's resource "
+                    "(current or ended, while the store keeps it) reads that effect, so a "
+                    "worker can wait for the outcome of its own request.",
+                    "security": [*_ADMIN, {"holder": []}],
                     "parameters": [_EFFECT_ID],
                     "responses": _responses(
                         {
@@ -367,7 +379,12 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "effect",
                             )
                         },
-                        [ErrorCode.UNAUTHORIZED, ErrorCode.NOT_FOUND],
+                        [
+                            ErrorCode.UNAUTHORIZED,
+                            ErrorCode.INVALID_TOKEN,
+                            ErrorCode.WRONG_RESOURCE,
+                            ErrorCode.NOT_FOUND,
+                        ],
                     ),
                 }
             },

@@ -253,6 +253,15 @@ class Store:
 
         return await self.connector.read(operation)
 
+    async def lease_of_token(self, token_hash: str) -> LeaseRecord | None:
+        """The lease a token was issued for, current or ended long ago; None for a token
+        never issued here (or whose lease retention has deleted)."""
+
+        async def operation(tx: Tx) -> LeaseRecord | None:
+            return lease_record(await tx.one("lease_by_token", token_hash=token_hash))
+
+        return await self.connector.read(operation)
+
     # -- effects --------------------------------------------------------------
 
     async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:

@@ -1,0 +1,347 @@
+"""The asyncio client: `AsyncFenceClient` and its `AsyncLease`, renewed by a task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from fenceproxy_client import errors
+from fenceproxy_client._common import (
+    API,
+    LEASE_GONE,
+    RETRIED_WHEN_WAITING,
+    SETTLE_POLL_S,
+    SETTLED_STATES,
+    Grant,
+    LeaseState,
+    Step,
+    admin_headers,
+    checked,
+    fenced_headers,
+    logger,
+    retry_delay,
+)
+
+# Called once when the lease is known lost; it may be a coroutine function.
+AsyncOnLost = Callable[[], Awaitable[object] | object]
+
+
+class AsyncFenceClient:
+    """`FenceClient` for asyncio: the same methods, awaited; an async context manager."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 10.0,
+        admin_token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._admin_token = admin_token
+        # No retries at any layer: a write the client sent twice could happen twice.
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"AsyncFenceClient({str(self._http.base_url)!r})"
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncFenceClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def lease(
+        self,
+        resource: str,
+        holder: str,
+        *,
+        ttl_s: float | None = None,
+        wait_s: float = 0.0,
+        renew: bool = False,
+        progress_timeout_s: float | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncLeaseScope:
+        """An async context manager: acquires on entry, releases (and stops renewing)
+        on exit."""
+        return AsyncLeaseScope(
+            lambda: self.acquire(
+                resource,
+                holder,
+                ttl_s=ttl_s,
+                wait_s=wait_s,
+                renew=renew,
+                progress_timeout_s=progress_timeout_s,
+                on_lost=on_lost,
+            )
+        )
+
+    async def acquire(
+        self,
+        resource: str,
+        holder: str,
+        *,
+        ttl_s: float | None = None,
+        wait_s: float = 0.0,
+        renew: bool = False,
+        progress_timeout_s: float | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncLease:
+        """See `FenceClient.acquire`."""
+        body: dict[str, Any] = {"resource": resource, "holder": holder}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        deadline = time.monotonic() + wait_s
+        attempt = 0
+        while True:
+            sent_at = time.monotonic()
+            response = await self._http.post(f"{API}/leases", json=body)
+            try:
+                checked(response, True, time.time())
+            except errors.FenceError as refused:
+                remaining = deadline - time.monotonic()
+                if refused.code not in RETRIED_WHEN_WAITING or remaining <= 0:
+                    raise
+                await asyncio.sleep(min(retry_delay(refused, attempt), remaining))
+                attempt += 1
+                continue
+            token = str(response.json()["token"])
+            grant = Grant.read(response.json(), sent_at)
+            return AsyncLease(
+                self, grant, token, ttl_s or grant.ttl_s, renew, progress_timeout_s, on_lost
+            )
+
+    async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
+        """See `FenceClient.wait_settled`."""
+        return await self._wait_settled(effect_id, timeout_s, admin_headers(self._admin_token))
+
+    async def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            response = await self._http.get(f"{API}/effects/{effect_id}", headers=headers)
+            state = str(checked(response, True, time.time()).json()["state"])
+            if state in SETTLED_STATES:
+                return state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"effect {effect_id} still {state} after {timeout_s:g} s")
+            await asyncio.sleep(min(SETTLE_POLL_S, remaining))
+
+    async def _renew(self, token: str, ttl_s: float) -> Grant:
+        sent_at = time.monotonic()
+        response = await self._http.post(
+            f"{API}/leases/renew", json={"ttl_s": ttl_s}, headers={"Fence-Token": token}
+        )
+        return Grant.read(checked(response, True, time.time()).json(), sent_at)
+
+    async def _release(self, token: str) -> None:
+        response = await self._http.post(
+            f"{API}/leases/release", json={}, headers={"Fence-Token": token}
+        )
+        checked(response, True, time.time())
+
+    async def _request(
+        self, method: str, path: str, headers: dict[str, str], **kwargs: Any
+    ) -> httpx.Response:
+        return await self._http.request(method, path, headers=headers, **kwargs)
+
+
+class AsyncLeaseScope:
+    """What `AsyncFenceClient.lease` returns: `async with` acquires, and releases on the
+    way out."""
+
+    def __init__(self, acquire: Callable[[], Awaitable[AsyncLease]]) -> None:
+        self._acquire = acquire
+        self._lease: AsyncLease | None = None
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._acquire()
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(exc_type, exc, traceback)
+
+
+class AsyncLease:
+    """`Lease` for asyncio; renewed by a task of the loop it was acquired on."""
+
+    def __init__(
+        self,
+        client: AsyncFenceClient,
+        grant: Grant,
+        token: str,
+        ttl_s: float,
+        renew: bool,
+        progress_timeout_s: float | None,
+        on_lost: AsyncOnLost | None,
+    ) -> None:
+        self._client = client
+        self.token = token
+        self._state = LeaseState(grant, ttl_s, renew, progress_timeout_s, time.monotonic())
+        self._on_lost = on_lost
+        self._stop = asyncio.Event()
+        self._renewer: asyncio.Task[None] | None = None
+        if renew or on_lost is not None:
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"fence-renew-{grant.resource}"
+            )
+
+    @property
+    def resource(self) -> str:
+        return self._state.grant.resource
+
+    @property
+    def holder(self) -> str:
+        return self._state.grant.holder
+
+    @property
+    def epoch(self) -> int:
+        return self._state.grant.epoch
+
+    @property
+    def expires_at(self) -> float:
+        """Unix time (the proxy's clock) the lease ends unless renewed."""
+        return self._state.grant.expires_at
+
+    @property
+    def lost(self) -> bool:
+        """See `Lease.lost`."""
+        return self._state.is_lost(time.monotonic())
+
+    def __repr__(self) -> str:
+        return f"AsyncLease({self._state.describe()}, lost={self.lost})"
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """See `Lease.__exit__`."""
+        try:
+            await self.release()
+        except errors.FenceError as refused:
+            if refused.code not in LEASE_GONE:
+                raise
+            logger.info("lease on %s was already gone at release: %s", self.resource, refused)
+        except httpx.TransportError as failed:
+            logger.warning(
+                "lease on %s not released (%s); it ends at its expiry", self.resource, failed
+            )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotency_key: str | None = None,
+        raise_for_status: bool = True,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """See `Lease.request`."""
+        extra: dict[str, Any] = {"params": params, "json": json, "content": content}
+        if timeout_s is not None:
+            extra["timeout"] = timeout_s
+        response = await self._client._request(
+            method, path, fenced_headers(self.token, idempotency_key, headers), **extra
+        )
+        try:
+            return checked(response, raise_for_status, time.time())
+        except errors.FenceError as refused:
+            if refused.code in ("stale_epoch", "lease_expired"):
+                await self._lose(f"a request was refused: {refused.code}")
+            raise
+
+    def progress(self) -> None:
+        """See `Lease.progress`."""
+        self._state.progress(time.monotonic())
+
+    async def renew(self, ttl_s: float | None = None) -> None:
+        """See `Lease.renew`."""
+        try:
+            grant = await self._client._renew(self.token, ttl_s or self._state.ttl_s)
+        except errors.FenceError as refused:
+            if refused.code in LEASE_GONE:
+                await self._lose(f"renewal refused: {refused.code}")
+            raise
+        self._state.renewed(grant, time.monotonic())
+
+    async def release(self) -> None:
+        """End the lease now and stop renewing it."""
+        self._state.release()
+        self._stop.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not asyncio.current_task():
+            await renewer
+        await self._client._release(self.token)
+
+    async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
+        """See `Lease.wait_settled`."""
+        return await self._client._wait_settled(effect_id, timeout_s, {"Fence-Token": self.token})
+
+    async def _lose(self, why: str) -> None:
+        if self._state.lose(why):
+            await self._call_on_lost()
+
+    async def _call_on_lost(self) -> None:
+        if self._on_lost is None:
+            return
+        try:
+            result = self._on_lost()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("on_lost of the lease on %s failed", self.resource)
+
+    async def _watch(self) -> None:
+        """See `Lease._watch`."""
+        while True:
+            step, wait_s = self._state.next_step(time.monotonic())
+            if step is Step.DONE:
+                return
+            if step is Step.LOST:
+                await self._call_on_lost()
+                return
+            if step is Step.WAIT:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), wait_s)
+                if self._stop.is_set():
+                    return
+                continue
+            try:
+                await self.renew()
+            except errors.FenceError as refused:
+                if refused.code in LEASE_GONE:
+                    return
+                logger.warning("renewal of the lease on %s failed: %s", self.resource, refused)
+                self._state.renewal_failed(time.monotonic())
+            except httpx.TransportError as failed:
+                logger.warning("renewal of the lease on %s failed: %s", self.resource, failed)
+                self._state.renewal_failed(time.monotonic())

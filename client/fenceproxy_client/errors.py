@@ -1,0 +1,200 @@
+"""What the client raises: the proxy's refusals, typed by their code, and the upstream's
+own error answers.
+
+Every problem+json answer of the proxy raises a `FenceError` subclass named after its
+`code` in CamelCase (`stale_epoch` → `StaleEpoch`); a code this version does not know
+(a newer proxy) raises `FenceError` itself. The list is checked against the proxy's
+code table by the server's tests (tests/client/test_errors_match_contract.py), so a code
+cannot be added there without its class here. No message here ever carries the lease's
+token: the proxy never echoes it, and the client never puts it in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+
+class FenceError(Exception):
+    """A refusal (or an answer in doubt) from the proxy itself, as problem+json.
+
+    `status` is the HTTP status, `code` the stable code, `detail` the proxy's sentence,
+    `problem` the whole problem document, `retry_after_s` the `Retry-After` header in
+    seconds when there was one.
+    """
+
+    code: str = ""
+
+    def __init__(
+        self, status: int, problem: Mapping[str, Any], retry_after_s: float | None = None
+    ) -> None:
+        self.status = status
+        self.problem: dict[str, Any] = dict(problem)
+        self.code = str(self.problem.get("code", ""))
+        self.detail = str(self.problem.get("detail", ""))
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{status} {self.code}: {self.detail}")
+
+
+class UpstreamError(Exception):
+    """A non-2xx answer relayed from the upstream itself (not a refusal of the proxy).
+
+    The proxy forwarded the request and the upstream answered it: `response` is that
+    answer. Pass `raise_for_status=False` to `request` to get it returned instead.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.status = response.status_code
+        super().__init__(
+            f"the upstream answered {response.status_code} to "
+            f"{response.request.method} {response.request.url.path}"
+        )
+
+
+class InvalidRequest(FenceError):
+    code = "invalid_request"
+
+
+class MissingIdempotencyKey(FenceError):
+    code = "missing_idempotency_key"
+
+
+class MissingToken(FenceError):
+    code = "missing_token"
+
+
+class Unauthorized(FenceError):
+    code = "unauthorized"
+
+
+class InvalidToken(FenceError):
+    code = "invalid_token"
+
+
+class WrongResource(FenceError):
+    code = "wrong_resource"
+
+
+class NoRoute(FenceError):
+    code = "no_route"
+
+
+class NotFound(FenceError):
+    code = "not_found"
+
+
+class MethodNotAllowed(FenceError):
+    code = "method_not_allowed"
+
+
+class StaleEpoch(FenceError):
+    """Your lease is no longer current: stop, your work was taken over."""
+
+    code = "stale_epoch"
+
+
+class LeaseExpired(FenceError):
+    """Your lease is still current but past its expiry: renew it, or stop."""
+
+    code = "lease_expired"
+
+
+class LeaseHeld(FenceError):
+    """Someone else holds a live lease on the resource (`retry_after_s` says how long)."""
+
+    code = "lease_held"
+
+
+class EffectInFlight(FenceError):
+    code = "effect_in_flight"
+
+
+class EffectSettled(FenceError):
+    code = "effect_settled"
+
+
+class RequestInProgress(FenceError):
+    code = "request_in_progress"
+
+
+class LeaseTooShort(FenceError):
+    code = "lease_too_short"
+
+
+class ConflictingEvidence(FenceError):
+    code = "conflicting_evidence"
+
+
+class PayloadTooLarge(FenceError):
+    code = "payload_too_large"
+
+
+class HeadersTooLarge(FenceError):
+    code = "headers_too_large"
+
+
+class UriTooLong(FenceError):
+    code = "uri_too_long"
+
+
+class IdempotencyKeyReused(FenceError):
+    code = "idempotency_key_reused"
+
+
+class ResourceBlocked(FenceError):
+    """An effect on the resource is in doubt (someone's, maybe yours): `effect_ids`
+    names them. Wait for their settlement; nothing can be done on the resource before."""
+
+    code = "resource_blocked"
+
+    @property
+    def effect_ids(self) -> list[str]:
+        ids = self.problem.get("effect_ids")
+        return [str(effect_id) for effect_id in ids] if isinstance(ids, list) else []
+
+
+class InternalError(FenceError):
+    code = "internal_error"
+
+
+class UpstreamUnreachable(FenceError):
+    """Nothing was sent to the upstream; the request can be sent again."""
+
+    code = "upstream_unreachable"
+
+
+class StoreUnavailable(FenceError):
+    code = "store_unavailable"
+
+
+class OutcomeUnknown(FenceError):
+    """The request was sent and nobody knows whether it took effect.
+
+    Wait for the proxy to settle `effect_id` (`wait_settled`); never resend the
+    operation under a new idempotency key, or it may happen twice.
+    """
+
+    code = "outcome_unknown"
+
+    @property
+    def effect_id(self) -> str:
+        return str(self.problem.get("effect_id", ""))
+
+
+class RequestTimeout(FenceError):
+    code = "request_timeout"
+
+
+class Overloaded(FenceError):
+    code = "overloaded"
+
+
+def _by_code() -> dict[str, type[FenceError]]:
+    return {cls.code: cls for cls in FenceError.__subclasses__()}
+
+
+BY_CODE: Mapping[str, type[FenceError]] = _by_code()
+"""Each code the client knows, with the class it raises."""
