@@ -34,8 +34,18 @@ IDLE_POLL_S: Final = 0.1
 # worker stalled at exactly that point without racing it. Unset in normal use.
 STOP_BEFORE_WRITE_ENV: Final = "MCP_ROUTING_STOP_BEFORE_WRITE_GENERATION"
 
-# Refusals after which the job is simply tried again under a new claim and lease.
-RETRIED_CODES: Final = frozenset({"stale_epoch", "lease_expired", "lease_held"})
+# Refusals after which the job is simply tried again under a new claim and lease: the
+# lease was lost or not had, or the proxy sent nothing upstream.
+RETRIED_CODES: Final = frozenset(
+    {
+        "stale_epoch",
+        "lease_expired",
+        "lease_held",
+        "upstream_unreachable",
+        "store_unavailable",
+        "overloaded",
+    }
+)
 
 log = logging.getLogger("mcp_routing.worker")
 
@@ -51,7 +61,7 @@ class WorkerSettings:
     http_timeout_s: float
 
 
-def _refused(refusal: errors.FenceError) -> Outcome:
+def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
     if isinstance(refusal, errors.OutcomeUnknown):
         # Never resent under a new attempt: the proxy holds the resource until the
         # effect is settled, and an operator can see the effect id here.
@@ -104,7 +114,7 @@ def _read_and_write(
             },
         )
     except errors.FenceError as refusal:
-        return _refused(refusal)
+        return outcome_of_refusal(refusal)
     except errors.UpstreamError as exc:
         return Outcome("upstream_error", FAILED, f"upstream answered {exc.response.status_code}")
     except httpx.TransportError as exc:
@@ -136,7 +146,7 @@ def run_job(
         # From the acquisition (nothing was sent) or from the release at the end of the
         # block, which cannot change what the write's answer already said.
         if outcome is None:
-            return _refused(refusal)
+            return outcome_of_refusal(refusal)
         log.info("job %s: release refused (%s)", claim.job_id, refusal.code)
     except httpx.TransportError as exc:
         if outcome is None:

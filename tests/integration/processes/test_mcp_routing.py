@@ -297,5 +297,6 @@ def test_the_readme_client_updates_a_rule_through_the_server(stack: Stack, tmp_p
     status = json.loads(done.stdout)
     assert status["state"] == "done", status
     assert [attempt["outcome"] for attempt in status["attempts"]] == ["written"], status
+    assert status["rule_read"] == {}, status  # the upstream had no such rule yet (404)
     history = stack.upstream_rule_history(RULE_ID)
     assert [entry["rule"]["route_to"] for entry in history] == ["eu-west"], history
