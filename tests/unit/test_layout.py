@@ -5,6 +5,7 @@ the store, for instance, which is why the store URL schemes live in policies/)."
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,18 @@ def test_the_examples_use_only_the_client_library() -> None:
         if project_imports(source) - {"examples"}
     }
     assert server_side == {}
+
+
+def test_mypy_checks_every_top_level_python_directory() -> None:
+    """`mypy` (strict) runs on the directories pyproject.toml lists; a new top-level
+    directory of Python code (examples/, client/, ...) must be listed, or it goes
+    unchecked while `make lint` still passes. ruff checks the whole tree by default."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    checked = set(config["tool"]["mypy"]["files"])
+    with_python = {
+        path.name
+        for path in ROOT.iterdir()
+        if path.is_dir() and not path.name.startswith(".") and any(path.rglob("*.py"))
+    }
+    assert with_python - checked == set()
+    assert "exclude" not in config["tool"]["ruff"]
