@@ -206,12 +206,15 @@ class JobStore:
             ).rowcount
         return current == 1
 
-    def holds_expired_claim(self, worker: str) -> bool:
-        """Whether `worker` is the claimer of a running job whose claim has expired."""
+    def has_lapsed_claim(self, worker: str) -> bool:
+        """Whether `worker` is in the middle of an attempt whose claim has expired or whose
+        job was claimed again since (by another worker that found it expired first)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT 1 FROM jobs WHERE claimed_by = ? AND state = ? AND claim_expires_at < ?",
-                (worker, RUNNING, self._clock()),
+                "SELECT 1 FROM attempts JOIN jobs USING (job_id)"
+                " WHERE attempts.worker = ? AND attempts.outcome IS NULL"
+                " AND (attempts.generation != jobs.generation OR jobs.claim_expires_at < ?)",
+                (worker, self._clock()),
             ).fetchone()
         return row is not None
 

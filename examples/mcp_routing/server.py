@@ -134,8 +134,8 @@ class Supervisor:
         for slot, worker in enumerate(self.slots):
             if self._reaped(worker):
                 self.slots[slot] = self.spawn()
-            elif self.store.holds_expired_claim(worker.name):
-                log.info("%s let its claim expire: starting a replacement", worker.name)
+            elif self.store.has_lapsed_claim(worker.name):
+                log.info("%s let its claim lapse: starting a replacement", worker.name)
                 self.retired.append(worker)
                 self.slots[slot] = self.spawn()
         self.retired = [worker for worker in self.retired if not self._reaped(worker)]

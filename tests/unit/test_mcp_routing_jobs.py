@@ -54,15 +54,17 @@ def test_a_running_job_is_claimed_again_only_once_its_claim_expired(
 
     clock.now += CLAIM_TTL_S - 0.1
     assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
-    assert not jobs.holds_expired_claim("w1")
+    assert not jobs.has_lapsed_claim("w1")
     clock.now += 0.2
-    assert jobs.holds_expired_claim("w1")
+    assert jobs.has_lapsed_claim("w1")
 
     second = jobs.claim("w2", 12, CLAIM_TTL_S)
 
     assert second is not None
     assert (second.job_id, second.generation, second.worker) == (job_id, 2, "w2")
-    assert not jobs.holds_expired_claim("w1")
+    # Claimed again by another worker before the supervisor noticed: still lapsed.
+    assert jobs.has_lapsed_claim("w1")
+    assert not jobs.has_lapsed_claim("w2")
     status = jobs.status(job_id)
     assert status is not None
     assert (status["state"], status["claimed_by"]) == (RUNNING, "w2")
@@ -127,6 +129,7 @@ def test_a_finished_job_is_not_claimed_again(jobs: JobStore, clock: FakeClock) -
     clock.now += CLAIM_TTL_S + 1
 
     assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    assert not jobs.has_lapsed_claim("w1")  # it finished: nothing to replace it for
 
 
 def test_a_retried_outcome_makes_the_job_pending_again(jobs: JobStore) -> None:
