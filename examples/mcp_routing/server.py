@@ -6,7 +6,7 @@ It speaks MCP over stdio (the official SDK's MCPServer). `update_routing_rule`
 enqueues a job in DIR's SQLite job table and returns its id at once; worker processes
 (examples/mcp_routing/worker.py) claim jobs and write the rule through the proxy under
 a lease on ``rule:{rule_id}``. A supervisor here keeps --workers of them running: a
-worker that exited, or whose claim expired (it stalled), is replaced by a new one.
+worker that exited, or whose claim lapsed (it stalled), is replaced by a new one.
 A stalled worker is not killed: if it wakes up, its late write reaches the proxy,
 which refuses it, and its attempt is recorded next to its successor's.
 
@@ -23,7 +23,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ from examples.mcp_routing.jobs import JobStore
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 SUPERVISE_INTERVAL_S: Final = 0.1
+RESTART_BACKOFF_S: Final = 1.0
+WORKER_COMMAND: Final = (sys.executable, "-m", "examples.mcp_routing.worker")
 STOP_GRACE_S: Final = 5.0
 
 # Rule ids become a URL path segment and part of a lease resource name.
@@ -63,6 +66,7 @@ class WorkerProcess:
     name: str
     popen: subprocess.Popen[bytes]
     log_file: IO[bytes]
+    started_at: float  # the supervisor's monotonic clock
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Supervisor:
 
     settings: ServerSettings
     store: JobStore
+    worker_command: tuple[str, ...] = WORKER_COMMAND
+    clock: Callable[[], float] = time.monotonic
     slots: list[WorkerProcess] = field(default_factory=list)
     # Replaced for a stalled claim but still alive: reaped when they exit, stopped at
     # shutdown, never killed while running (their late write is the proxy's to refuse).
@@ -84,9 +90,7 @@ class Supervisor:
         logs.mkdir(parents=True, exist_ok=True)
         log_file = (logs / f"{name}.log").open("ab")
         argv = [
-            sys.executable,
-            "-m",
-            "examples.mcp_routing.worker",
+            *self.worker_command,
             "--proxy",
             self.settings.proxy_url,
             "--state",
@@ -114,7 +118,7 @@ class Supervisor:
             log_file.close()
             raise
         log.info("started %s (pid %d)", name, popen.pid)
-        return WorkerProcess(name, popen, log_file)
+        return WorkerProcess(name, popen, log_file, self.clock())
 
     def start(self) -> None:
         self.slots = [self.spawn() for _ in range(self.settings.workers)]
@@ -132,6 +136,10 @@ class Supervisor:
 
     def check(self) -> None:
         for slot, worker in enumerate(self.slots):
+            # A worker that cannot start (a broken install) would otherwise be
+            # restarted ten times a second, each with a new log file.
+            if self.clock() < worker.started_at + RESTART_BACKOFF_S:
+                continue
             if self._reaped(worker):
                 self.slots[slot] = self.spawn()
             elif self.store.has_lapsed_claim(worker.name):

@@ -30,12 +30,14 @@ import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from examples.mcp_routing.jobs import DB_NAME
+from examples.mcp_routing.jobs import DB_NAME, JobStore
+from examples.mcp_routing.server import RESTART_BACKOFF_S, ServerSettings, Supervisor
 from examples.mcp_routing.worker import STOP_BEFORE_WRITE_ENV
 from tests.integration.processes.conftest import (
     PROJECT_ROOT,
     Stack,
     http_call,
+    wait_until,
 )
 
 RULE_ID = "staging-eu"
@@ -300,3 +302,38 @@ def test_the_readme_client_updates_a_rule_through_the_server(stack: Stack, tmp_p
     assert status["rule_read"] == {}, status  # the upstream had no such rule yet (404)
     history = stack.upstream_rule_history(RULE_ID)
     assert [entry["rule"]["route_to"] for entry in history] == ["eu-west"], history
+
+
+def test_a_worker_that_dies_at_once_is_restarted_at_most_once_a_second(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = JobStore(tmp_path / "routing-state")
+    supervisor = Supervisor(
+        ServerSettings(
+            proxy_url="http://127.0.0.1:9",
+            state_dir=tmp_path / "routing-state",
+            workers=1,
+            lease_ttl_s=LEASE_TTL_S,
+            lease_wait_s=1.0,
+            claim_ttl_s=CLAIM_TTL_S,
+            http_timeout_s=1.0,
+        ),
+        store,
+        worker_command=(sys.executable, "-c", "raise SystemExit(3)"),
+        clock=lambda: now[0],
+    )
+    supervisor.start()
+    try:
+        first = supervisor.slots[0]
+        wait_until("the broken worker to exit", lambda: first.popen.poll() is not None, 10.0)
+
+        now[0] += RESTART_BACKOFF_S - 0.1
+        supervisor.check()
+        assert (supervisor.spawned, supervisor.slots) == (1, [first])
+
+        now[0] += 0.1
+        supervisor.check()
+        assert supervisor.spawned == 2
+        assert supervisor.slots[0] is not first
+    finally:
+        supervisor.stop()
+        store.close()
