@@ -161,7 +161,8 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 worker.popen.kill()
                 worker.popen.wait()
-            worker.log_file.close()
+            # Its open attempt is closed now, not left to look alive until a new claim.
+            self._reaped(worker)
         self.slots, self.retired = [], []
 
     async def run(self) -> None:

@@ -337,3 +337,24 @@ def test_a_worker_that_dies_at_once_is_restarted_at_most_once_a_second(tmp_path:
     finally:
         supervisor.stop()
         store.close()
+
+
+async def test_shutdown_stops_a_stalled_worker_before_its_write_and_closes_its_attempt(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    async with routing_server(stack, routing_logs) as session:
+        job_id, worker_a = await start_story(stack, session)
+    # The MCP client closed the server's stdin: the server stopped its workers (SIGTERM,
+    # then SIGCONT for a stopped one, which dies of the pending SIGTERM before it runs).
+
+    assert process_state(worker_a["pid"]) == "gone"
+    store = JobStore(routing_logs.state_dir)
+    try:
+        status = store.status(job_id)
+    finally:
+        store.close()
+    assert status is not None
+    assert [(a["outcome"], a["detail"]) for a in status["attempts"]] == [
+        ("worker_exited", "worker exited (killed by SIGTERM)")
+    ], status
+    assert [entry["rule"] for entry in stack.upstream_rule_history(RULE_ID)] == [SEED_RULE]
