@@ -35,16 +35,10 @@ IDLE_POLL_S: Final = 0.1
 STOP_BEFORE_WRITE_ENV: Final = "MCP_ROUTING_STOP_BEFORE_WRITE_GENERATION"
 
 # Refusals after which the job is simply tried again under a new claim and lease: the
-# lease was lost or not had, or the proxy sent nothing upstream.
+# lease was lost or not had, or the proxy sent nothing upstream. (Not store_unavailable:
+# after a write, it says the write may have taken effect.)
 RETRIED_CODES: Final = frozenset(
-    {
-        "stale_epoch",
-        "lease_expired",
-        "lease_held",
-        "upstream_unreachable",
-        "store_unavailable",
-        "overloaded",
-    }
+    {"stale_epoch", "lease_expired", "lease_held", "upstream_unreachable", "overloaded"}
 )
 
 log = logging.getLogger("mcp_routing.worker")

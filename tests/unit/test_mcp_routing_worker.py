@@ -21,7 +21,6 @@ def refusal(code: str, status: int = 409, **fields: object) -> errors.FenceError
         "lease_expired",
         "lease_held",
         "upstream_unreachable",
-        "store_unavailable",
         "overloaded",
     ],
 )
@@ -50,7 +49,15 @@ def test_a_blocked_resource_blocks_the_job_and_names_the_effects() -> None:
 
 
 @pytest.mark.parametrize(
-    "code", ["invalid_token", "wrong_resource", "no_route", "payload_too_large", "lease_too_short"]
+    "code",
+    [
+        "invalid_token",
+        "wrong_resource",
+        "no_route",
+        "payload_too_large",
+        "lease_too_short",
+        "store_unavailable",
+    ],
 )
 def test_any_other_refusal_fails_the_job(code: str) -> None:
     outcome = outcome_of_refusal(refusal(code, 400))

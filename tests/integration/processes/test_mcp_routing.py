@@ -74,8 +74,14 @@ def routing_logs(tmp_path: Path) -> RoutingLogs:
 
 
 @asynccontextmanager
-async def routing_server(stack: Stack, logs: RoutingLogs) -> AsyncIterator[ClientSession]:
-    """The example server with one worker, as an MCP client (Claude Desktop, ...) starts it."""
+async def routing_server(
+    stack: Stack,
+    logs: RoutingLogs,
+    lease_ttl_s: float = LEASE_TTL_S,
+    claim_ttl_s: float = CLAIM_TTL_S,
+) -> AsyncIterator[ClientSession]:
+    """The example server with one worker, as an MCP client (Claude Desktop, ...) starts
+    it; the worker holding the job's first claim stops itself before its write."""
     parameters = StdioServerParameters(
         command=sys.executable,
         args=[
@@ -88,9 +94,9 @@ async def routing_server(stack: Stack, logs: RoutingLogs) -> AsyncIterator[Clien
             "--workers",
             "1",
             "--lease-ttl",
-            str(LEASE_TTL_S),
+            str(lease_ttl_s),
             "--claim-ttl",
-            str(CLAIM_TTL_S),
+            str(claim_ttl_s),
             "--lease-wait",
             "1",
             "--http-timeout",
@@ -250,6 +256,29 @@ async def test_a_killed_worker_is_replaced_and_its_attempt_closed(
 
         assert_only_b_wrote(stack, worker_b, worker_a["epoch"])
         assert stack.rejections(RESOURCE) == []
+
+
+async def test_a_write_whose_outcome_is_unknown_blocks_the_job_and_is_not_resent(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    # Leases long enough that A is still the holder when it writes.
+    async with routing_server(stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0) as session:
+        job_id, worker_a = await start_story(stack, session)
+        stack.pause_upstream()  # A's write will reach it, and no answer will come back
+        os.kill(worker_a["pid"], signal.SIGCONT)
+
+        async def finished() -> dict[str, Any] | None:
+            status = await call(session, "job_status", job_id=job_id)
+            return status if status["state"] not in ("pending", "running") else None
+
+        status = await poll("A's write to end in doubt", finished)
+        assert status["state"] == "blocked", status
+        assert [(a["outcome"], a["epoch"]) for a in status["attempts"]] == [
+            ("outcome_unknown", 1)
+        ], status
+        effect_id = status["result"]["detail"].removeprefix("effect ").removesuffix(" in doubt")
+        assert stack.effect(effect_id)["state"] == "UNKNOWN"
+        stack.resume_upstream()
 
 
 async def test_bad_tool_input_is_an_error_result_and_enqueues_nothing(
