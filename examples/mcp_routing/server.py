@@ -59,6 +59,7 @@ class ServerSettings:
     lease_wait_s: float
     claim_ttl_s: float
     http_timeout_s: float
+    settle_wait_s: float
 
 
 @dataclass
@@ -105,6 +106,8 @@ class Supervisor:
             str(self.settings.claim_ttl_s),
             "--http-timeout",
             str(self.settings.http_timeout_s),
+            "--settle-wait",
+            str(self.settings.settle_wait_s),
         ]
         try:
             popen = subprocess.Popen(
@@ -267,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a worker may go without progress before it is replaced (default 30)",
     )
     parser.add_argument("--http-timeout", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument(
+        "--settle-wait",
+        type=float,
+        default=60.0,
+        help="seconds a worker waits for a write in doubt to be settled before the job"
+        " is left blocked (default 60)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -280,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             lease_wait_s=args.lease_wait,
             claim_ttl_s=args.claim_ttl,
             http_timeout_s=args.http_timeout,
+            settle_wait_s=args.settle_wait,
         )
     ).run("stdio")
     return 0

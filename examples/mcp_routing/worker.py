@@ -53,18 +53,50 @@ class WorkerSettings:
     lease_wait_s: float
     claim_ttl_s: float
     http_timeout_s: float
+    settle_wait_s: float
 
 
 def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
     if isinstance(refusal, errors.OutcomeUnknown):
-        # Never resent under a new attempt: the proxy holds the resource until the
-        # effect is settled, and an operator can see the effect id here.
+        # Still unsettled after the worker's wait: never resent under a new attempt.
+        # The proxy holds the resource until the effect is settled (see the main
+        # README's runbook); the effect id is here for the operator.
         return Outcome(refusal.code, BLOCKED, f"effect {refusal.effect_id} in doubt")
     if isinstance(refusal, errors.ResourceBlocked):
         return Outcome(refusal.code, BLOCKED, f"effects in doubt: {list(refusal.effect_ids)}")
     if refusal.code in RETRIED_CODES:
         return Outcome(refusal.code, PENDING, refusal.detail)
     return Outcome(refusal.code, FAILED, refusal.detail)
+
+
+def outcome_of_settlement(effect_id: str, state: str) -> Outcome:
+    """What the proxy's settlement of a write in doubt means for the job."""
+    if state == "COMMITTED":
+        return Outcome("written", DONE, f"effect {effect_id} settled COMMITTED")
+    # NOT_COMMITTED (or NOT_SENT): the write did not happen, so the job may run again,
+    # from a fresh read under a new lease.
+    return Outcome(state.lower(), PENDING, f"effect {effect_id} settled {state}")
+
+
+def _await_settlement(
+    lease: Lease,
+    store: JobStore,
+    claim: Claim,
+    settings: WorkerSettings,
+    doubt: errors.OutcomeUnknown,
+) -> Outcome:
+    """Wait up to `settle_wait_s` for the proxy to settle the write in doubt, never
+    resending it. The claim is extended meanwhile: the worker is alive and on the job."""
+    deadline = time.monotonic() + settings.settle_wait_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not store.progress(claim, settings.claim_ttl_s, phase="settling"):
+            break  # replaced meanwhile: the job is its successor's now
+        try:
+            state = lease.wait_settled(doubt.effect_id, min(remaining, settings.claim_ttl_s / 3))
+        except TimeoutError:
+            continue
+        return outcome_of_settlement(doubt.effect_id, state)
+    return outcome_of_refusal(doubt)
 
 
 def _read_rule(lease: Lease, path: str) -> dict[str, Any]:
@@ -107,6 +139,9 @@ def _read_and_write(
                 "written_by": {"job": claim.job_id, "worker": claim.worker, "epoch": lease.epoch},
             },
         )
+    except errors.OutcomeUnknown as doubt:
+        log.info("job %s: write in doubt (effect %s)", claim.job_id, doubt.effect_id)
+        return _await_settlement(lease, store, claim, settings, doubt)
     except errors.FenceError as refusal:
         return outcome_of_refusal(refusal)
     except errors.UpstreamError as exc:
@@ -184,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-wait", type=float, required=True)
     parser.add_argument("--claim-ttl", type=float, required=True)
     parser.add_argument("--http-timeout", type=float, required=True)
+    parser.add_argument("--settle-wait", type=float, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name} pid {os.getpid()}: %(message)s"
@@ -197,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             lease_wait_s=args.lease_wait,
             claim_ttl_s=args.claim_ttl,
             http_timeout_s=args.http_timeout,
+            settle_wait_s=args.settle_wait,
         )
     )
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fenceproxy_client import errors
 
-from examples.mcp_routing.jobs import BLOCKED, FAILED, PENDING
-from examples.mcp_routing.worker import outcome_of_refusal
+from examples.mcp_routing.jobs import BLOCKED, DONE, FAILED, PENDING, Outcome
+from examples.mcp_routing.worker import outcome_of_refusal, outcome_of_settlement
 
 
 def refusal(code: str, status: int = 409, **fields: object) -> errors.FenceError:
@@ -63,3 +63,16 @@ def test_any_other_refusal_fails_the_job(code: str) -> None:
     outcome = outcome_of_refusal(refusal(code, 400))
 
     assert (outcome.outcome, outcome.job_state) == (code, FAILED)
+
+
+def test_a_write_settled_committed_is_the_job_done() -> None:
+    outcome = outcome_of_settlement("eff-1", "COMMITTED")
+
+    assert outcome == Outcome("written", DONE, "effect eff-1 settled COMMITTED")
+
+
+@pytest.mark.parametrize("state", ["NOT_COMMITTED", "NOT_SENT"])
+def test_a_write_settled_as_not_done_makes_the_job_run_again(state: str) -> None:
+    outcome = outcome_of_settlement("eff-1", state)
+
+    assert outcome == Outcome(state.lower(), PENDING, f"effect eff-1 settled {state}")

@@ -79,6 +79,7 @@ async def routing_server(
     logs: RoutingLogs,
     lease_ttl_s: float = LEASE_TTL_S,
     claim_ttl_s: float = CLAIM_TTL_S,
+    settle_wait_s: float = 1.0,
 ) -> AsyncIterator[ClientSession]:
     """The example server with one worker, as an MCP client (Claude Desktop, ...) starts
     it; the worker holding the job's first claim stops itself before its write."""
@@ -101,6 +102,8 @@ async def routing_server(
             "1",
             "--http-timeout",
             "5",
+            "--settle-wait",
+            str(settle_wait_s),
         ],
         env={STOP_BEFORE_WRITE_ENV: "1", "PYTHONUNBUFFERED": "1"},
         cwd=PROJECT_ROOT,
@@ -258,27 +261,86 @@ async def test_a_killed_worker_is_replaced_and_its_attempt_closed(
         assert stack.rejections(RESOURCE) == []
 
 
-async def test_a_write_whose_outcome_is_unknown_blocks_the_job_and_is_not_resent(
+async def write_in_doubt(stack: Stack, session: ClientSession) -> tuple[str, str]:
+    """A, stopped before its write, is continued with the upstream paused: its write is
+    sent and never answered, so the proxy answers outcome_unknown. (job id, effect id)"""
+    job_id, worker_a = await start_story(stack, session)
+    stack.pause_upstream()
+    os.kill(worker_a["pid"], signal.SIGCONT)
+
+    async def in_doubt() -> str | None:
+        effects = stack.proxy_effects(RESOURCE)
+        return next((e["id"] for e in effects if e["state"] == "UNKNOWN"), None)
+
+    effect_id = await poll("A's write to be in doubt at the proxy", in_doubt)
+    # The proxy gave up on the request and closed its connection before the stopped
+    # upstream read it, so the write never lands; but only evidence may say so.
+    stack.resume_upstream()
+    return job_id, effect_id
+
+
+async def test_a_write_left_in_doubt_blocks_the_job_and_is_not_resent(
     stack: Stack, routing_logs: RoutingLogs
 ) -> None:
     # Leases long enough that A is still the holder when it writes.
-    async with routing_server(stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0) as session:
-        job_id, worker_a = await start_story(stack, session)
-        stack.pause_upstream()  # A's write will reach it, and no answer will come back
-        os.kill(worker_a["pid"], signal.SIGCONT)
+    async with routing_server(
+        stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0, settle_wait_s=0.5
+    ) as session:
+        job_id, effect_id = await write_in_doubt(stack, session)
 
         async def finished() -> dict[str, Any] | None:
             status = await call(session, "job_status", job_id=job_id)
             return status if status["state"] not in ("pending", "running") else None
 
-        status = await poll("A's write to end in doubt", finished)
+        status = await poll("A to give up waiting for the settlement", finished)
         assert status["state"] == "blocked", status
+        assert status["result"] == {
+            "outcome": "outcome_unknown",
+            "detail": f"effect {effect_id} in doubt",
+        }, status
         assert [(a["outcome"], a["epoch"]) for a in status["attempts"]] == [
             ("outcome_unknown", 1)
         ], status
-        effect_id = status["result"]["detail"].removeprefix("effect ").removesuffix(" in doubt")
         assert stack.effect(effect_id)["state"] == "UNKNOWN"
-        stack.resume_upstream()
+        assert [entry["rule"] for entry in stack.upstream_rule_history(RULE_ID)] == [SEED_RULE]
+
+
+async def test_a_write_in_doubt_settled_not_committed_is_run_again_once(
+    stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    async with routing_server(
+        stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0, settle_wait_s=STORY_TIMEOUT_S
+    ) as session:
+        job_id, effect_id = await write_in_doubt(stack, session)
+
+        async def settling() -> dict[str, Any] | None:
+            status = await call(session, "job_status", job_id=job_id)
+            return status if status["attempts"][0]["phase"] == "settling" else None
+
+        await poll("A to wait for the settlement", settling)
+        # What an operator checks before saying so: the upstream's own history.
+        assert [entry["rule"] for entry in stack.upstream_rule_history(RULE_ID)] == [SEED_RULE]
+        stack.cli_json(
+            "reconcile",
+            "resolve",
+            effect_id,
+            "--outcome",
+            "not-committed",
+            "--reason",
+            "not in the rule's history upstream",
+        )
+
+        async def done() -> dict[str, Any] | None:
+            status = await call(session, "job_status", job_id=job_id)
+            return status if status["state"] == "done" else None
+
+        status = await poll("the job to run again after the settlement", done)
+        attempts = [(a["generation"], a["epoch"], a["outcome"]) for a in status["attempts"]]
+        assert attempts == [(1, 1, "not_committed"), (2, 2, "written")], status
+        assert status["attempts"][0]["detail"] == f"effect {effect_id} settled NOT_COMMITTED"
+        history = stack.upstream_rule_history(RULE_ID)
+        assert [entry["rule"]["route_to"] for entry in history] == ["us-east", "eu-west"]
+        assert history[1]["fence_epoch"] == "2", history
 
 
 async def test_bad_tool_input_is_an_error_result_and_enqueues_nothing(
@@ -345,6 +407,7 @@ def test_a_worker_that_dies_at_once_is_restarted_at_most_once_a_second(tmp_path:
             lease_wait_s=1.0,
             claim_ttl_s=CLAIM_TTL_S,
             http_timeout_s=1.0,
+            settle_wait_s=1.0,
         ),
         store,
         worker_command=(sys.executable, "-c", "raise SystemExit(3)"),
