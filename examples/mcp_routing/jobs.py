@@ -22,6 +22,9 @@ from typing import Any, Final
 
 DB_NAME: Final = "jobs.db"
 BUSY_TIMEOUT_MS: Final = 5000
+# A job sent back to pending waits this long before it can be claimed again, so that
+# a proxy that is down is not asked again in a tight loop by every worker.
+RETRY_DELAY_S: Final = 1.0
 
 # What a job's current claim concluded from its attempt's outcome.
 PENDING: Final = "pending"
@@ -39,6 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     generation INTEGER NOT NULL DEFAULT 0,
     claimed_by TEXT,
     claim_expires_at REAL,
+    retry_at REAL,
     rule_read TEXT,
     result TEXT,
     created_at REAL NOT NULL,
@@ -135,9 +139,10 @@ class JobStore:
         with self._transaction() as db:
             row = db.execute(
                 "SELECT job_id, rule_id, route_to, generation FROM jobs"
-                " WHERE state = ? OR (state = ? AND claim_expires_at < ?)"
+                " WHERE (state = ? AND (retry_at IS NULL OR retry_at <= ?))"
+                " OR (state = ? AND claim_expires_at < ?)"
                 " ORDER BY created_at LIMIT 1",
-                (PENDING, RUNNING, now),
+                (PENDING, now, RUNNING, now),
             ).fetchone()
             if row is None:
                 return None
@@ -198,11 +203,20 @@ class JobStore:
                 " WHERE job_id = ? AND generation = ?",
                 (outcome.outcome, outcome.detail, now, claim.job_id, claim.generation),
             )
+            retry_at = now + RETRY_DELAY_S if outcome.job_state == PENDING else None
             current = db.execute(
                 "UPDATE jobs SET state = ?, result = ?, claimed_by = NULL,"
-                " claim_expires_at = NULL, updated_at = ?"
+                " claim_expires_at = NULL, retry_at = ?, updated_at = ?"
                 " WHERE job_id = ? AND generation = ? AND state = ?",
-                (outcome.job_state, result, now, claim.job_id, claim.generation, RUNNING),
+                (
+                    outcome.job_state,
+                    result,
+                    retry_at,
+                    now,
+                    claim.job_id,
+                    claim.generation,
+                    RUNNING,
+                ),
             ).rowcount
         return current == 1
 

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from examples.mcp_routing.jobs import BLOCKED, DONE, PENDING, RUNNING, JobStore, Outcome
+from examples.mcp_routing.jobs import (
+    BLOCKED,
+    DONE,
+    PENDING,
+    RETRY_DELAY_S,
+    RUNNING,
+    JobStore,
+    Outcome,
+)
 
 CLAIM_TTL_S = 2.0
 
@@ -132,12 +140,17 @@ def test_a_finished_job_is_not_claimed_again(jobs: JobStore, clock: FakeClock) -
     assert not jobs.has_lapsed_claim("w1")  # it finished: nothing to replace it for
 
 
-def test_a_retried_outcome_makes_the_job_pending_again(jobs: JobStore) -> None:
+def test_a_retried_outcome_makes_the_job_pending_again_after_a_pause(
+    jobs: JobStore, clock: FakeClock
+) -> None:
     job_id = jobs.enqueue("r1", "eu-west")
     claim = jobs.claim("w1", 11, CLAIM_TTL_S)
     assert claim is not None
     assert jobs.finish(claim, Outcome("lease_held", PENDING, "held by w9"))
 
+    clock.now += RETRY_DELAY_S - 0.1
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    clock.now += 0.1
     again = jobs.claim("w2", 12, CLAIM_TTL_S)
 
     assert again is not None
