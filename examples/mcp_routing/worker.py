@@ -125,7 +125,7 @@ def _read_and_write(
     try:
         store.progress(claim, settings.claim_ttl_s, phase="leased", epoch=lease.epoch)
         rule = _read_rule(lease, path)
-        lease.progress()
+        lease.progress()  # the same steps keep the lease renewed and the claim alive
         store.progress(claim, settings.claim_ttl_s, phase="writing", rule_read=rule)
         _stop_here_if_asked(claim)
         # Deliberately no check of lease.lost or of the claim here: only the proxy can
@@ -164,8 +164,9 @@ def run_job(
             ttl_s=settings.lease_ttl_s,
             wait_s=settings.lease_wait_s,
             renew=True,
-            # Renewal stops with the work: a stalled worker's lease runs out.
-            progress_timeout_s=settings.lease_ttl_s,
+            # Renewal stops with the work: after as long without progress as the claim
+            # allows, the lease is left to run out too.
+            progress_timeout_s=settings.claim_ttl_s,
         ) as lease:
             log.info(
                 "job %s: lease on rule:%s at epoch %s", claim.job_id, claim.rule_id, lease.epoch

@@ -44,8 +44,9 @@ RULE_ID = "staging-eu"
 RESOURCE = f"rule:{RULE_ID}"
 SEED_RULE = {"route_to": "us-east", "weight": 100}
 LEASE_TTL_S = 1.0
-# Longer than the lease: the replacement then finds A's lease already expired.
-CLAIM_TTL_S = 2.0
+# Longer than the lease, so the replacement finds A's lease already expired; and long
+# enough that a slow step on a loaded machine does not make B look stalled too.
+CLAIM_TTL_S = 3.0
 STORY_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.05
 
