@@ -21,7 +21,7 @@ from tests.integration.processes.conftest import (
 # inconclusive, the probe at SETTLE_S finds it committed. So the effect stays in doubt,
 # and its resource blocked, for over a second.
 SLOW_WRITE_MS = 1000
-SETTLE_S = 2.0
+SETTLE_S = 3.0
 
 
 @pytest.fixture
