@@ -5,13 +5,14 @@ the store, for instance, which is why the store URL schemes live in policies/)."
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ("policies", "core", "store", "reconcile", "proxy")
-BESIDE = ("demo", "support", "bench", "tests")
+BESIDE = ("demo", "support", "bench", "examples", "tests")
 
 
 def project_imports(source: Path) -> set[str]:
@@ -36,3 +37,31 @@ def test_a_package_imports_only_the_floors_below_it(floor: int) -> None:
         if project_imports(source) - allowed
     }
     assert upward == {}
+
+
+def test_the_examples_use_only_the_client_library() -> None:
+    """examples/ shows a worker's view: it runs beside any proxy, through
+    fenceproxy_client and HTTP, never by importing the server's own packages."""
+    sources = sorted((ROOT / "examples").rglob("*.py"))
+    assert sources
+    server_side = {
+        str(source.relative_to(ROOT)): sorted(project_imports(source) - {"examples"})
+        for source in sources
+        if project_imports(source) - {"examples"}
+    }
+    assert server_side == {}
+
+
+def test_mypy_checks_every_top_level_python_directory() -> None:
+    """`mypy` (strict) runs on the directories pyproject.toml lists; a new top-level
+    directory of Python code (examples/, client/, ...) must be listed, or it goes
+    unchecked while `make lint` still passes. ruff checks the whole tree by default."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    checked = set(config["tool"]["mypy"]["files"])
+    with_python = {
+        path.name
+        for path in ROOT.iterdir()
+        if path.is_dir() and not path.name.startswith(".") and any(path.rglob("*.py"))
+    }
+    assert with_python - checked == set()
+    assert "exclude" not in config["tool"]["ruff"]

@@ -1,0 +1,1 @@
+"""Runnable examples built on the fenceproxy client library (not part of the server)."""

@@ -1,0 +1,1 @@
+"""An MCP server whose background workers update routing rules through fenceproxy."""

@@ -1,0 +1,243 @@
+"""A worker process of the MCP routing example: claims jobs and writes rules under a lease.
+
+Started by the server's supervisor (never by hand): ``python -m
+examples.mcp_routing.worker --proxy URL --state DIR --name NAME ...``. For each job
+it claims, it takes the lease on ``rule:{rule_id}`` through the fenceproxy client,
+reads the rule through the proxy, writes it back with the new ``route_to`` under the
+lease's token, and records the outcome. It never decides on its own clock that its
+lease is gone: the proxy does, and a refused write is recorded as what it is.
+
+A worker exits when its parent (the server) is gone, or after finishing a job whose
+claim turned out to be stale: the supervisor has already started its replacement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+from fenceproxy_client import FenceClient, Lease, errors
+
+from examples.mcp_routing.jobs import BLOCKED, DONE, FAILED, PENDING, Claim, JobStore, Outcome
+
+IDLE_POLL_S: Final = 0.1
+
+# Test hook: a worker holding this claim generation stops itself (a real SIGSTOP) after
+# recording phase "writing" and before sending its write, so a test can reproduce a
+# worker stalled at exactly that point without racing it. Unset in normal use.
+STOP_BEFORE_WRITE_ENV: Final = "MCP_ROUTING_STOP_BEFORE_WRITE_GENERATION"
+
+# Refusals after which the job is simply tried again under a new claim and lease: the
+# lease was lost or not had, or the proxy sent nothing upstream. (Not store_unavailable:
+# after a write, it says the write may have taken effect.)
+RETRIED_CODES: Final = frozenset(
+    {"stale_epoch", "lease_expired", "lease_held", "upstream_unreachable", "overloaded"}
+)
+
+log = logging.getLogger("mcp_routing.worker")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    proxy_url: str
+    state_dir: Path
+    name: str
+    lease_ttl_s: float
+    lease_wait_s: float
+    claim_ttl_s: float
+    http_timeout_s: float
+    settle_wait_s: float
+
+
+def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
+    if isinstance(refusal, errors.OutcomeUnknown):
+        # Still unsettled after the worker's wait: never resent under a new attempt.
+        # The proxy holds the resource until the effect is settled (see the main
+        # README's runbook); the effect id is here for the operator.
+        return Outcome(refusal.code, BLOCKED, f"effect {refusal.effect_id} in doubt")
+    if isinstance(refusal, errors.ResourceBlocked):
+        return Outcome(refusal.code, BLOCKED, f"effects in doubt: {list(refusal.effect_ids)}")
+    if refusal.code in RETRIED_CODES:
+        return Outcome(refusal.code, PENDING, refusal.detail)
+    return Outcome(refusal.code, FAILED, refusal.detail)
+
+
+def outcome_of_settlement(effect_id: str, state: str) -> Outcome:
+    """What the proxy's settlement of a write in doubt means for the job."""
+    if state == "COMMITTED":
+        return Outcome("written", DONE, f"effect {effect_id} settled COMMITTED")
+    # NOT_COMMITTED (or NOT_SENT): the write did not happen, so the job may run again,
+    # from a fresh read under a new lease.
+    return Outcome(state.lower(), PENDING, f"effect {effect_id} settled {state}")
+
+
+def _await_settlement(
+    lease: Lease,
+    store: JobStore,
+    claim: Claim,
+    settings: WorkerSettings,
+    doubt: errors.OutcomeUnknown,
+) -> Outcome:
+    """Wait up to `settle_wait_s` for the proxy to settle the write in doubt, never
+    resending it. The claim is extended meanwhile: the worker is alive and on the job."""
+    deadline = time.monotonic() + settings.settle_wait_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not store.progress(claim, settings.claim_ttl_s, phase="settling"):
+            break  # replaced meanwhile: the job is its successor's now
+        try:
+            state = lease.wait_settled(doubt.effect_id, min(remaining, settings.claim_ttl_s / 3))
+        except TimeoutError:
+            continue
+        return outcome_of_settlement(doubt.effect_id, state)
+    return outcome_of_refusal(doubt)
+
+
+def _read_rule(lease: Lease, path: str) -> dict[str, Any]:
+    """The rule as the upstream has it now; {} when it has none yet (404)."""
+    try:
+        response: httpx.Response = lease.request("GET", path)
+    except errors.UpstreamError as exc:
+        if exc.response.status_code == httpx.codes.NOT_FOUND:
+            return {}
+        raise
+    rule: dict[str, Any] = response.json()["rule"]
+    return rule
+
+
+def _stop_here_if_asked(claim: Claim) -> None:
+    if os.environ.get(STOP_BEFORE_WRITE_ENV) == str(claim.generation):
+        log.info("test hook: stopping before the write of job %s", claim.job_id)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _read_and_write(
+    lease: Lease, store: JobStore, claim: Claim, settings: WorkerSettings
+) -> Outcome:
+    """One read-modify-write under the lease; every answer becomes an Outcome."""
+    path = f"/rules/{claim.rule_id}"
+    try:
+        store.progress(claim, settings.claim_ttl_s, phase="leased", epoch=lease.epoch)
+        rule = _read_rule(lease, path)
+        lease.progress()  # the same steps keep the lease renewed and the claim alive
+        store.progress(claim, settings.claim_ttl_s, phase="writing", rule_read=rule)
+        _stop_here_if_asked(claim)
+        # Deliberately no check of lease.lost or of the claim here: only the proxy can
+        # tell whether this lease is still the resource's current one.
+        written = lease.request(
+            "PUT",
+            path,
+            json={
+                **rule,
+                "route_to": claim.route_to,
+                "written_by": {"job": claim.job_id, "worker": claim.worker, "epoch": lease.epoch},
+            },
+        )
+    except errors.OutcomeUnknown as doubt:
+        log.info("job %s: write in doubt (effect %s)", claim.job_id, doubt.effect_id)
+        return _await_settlement(lease, store, claim, settings, doubt)
+    except errors.FenceError as refusal:
+        return outcome_of_refusal(refusal)
+    except errors.UpstreamError as exc:
+        return Outcome("upstream_error", FAILED, f"upstream answered {exc.response.status_code}")
+    except httpx.TransportError as exc:
+        # A rule PUT is last-write-wins, so trying the whole job again is safe.
+        return Outcome("proxy_unreachable", PENDING, type(exc).__name__)
+    version = written.json().get("version")
+    return Outcome("written", DONE, f"version {version} under epoch {lease.epoch}")
+
+
+def run_job(
+    client: FenceClient, store: JobStore, claim: Claim, settings: WorkerSettings
+) -> Outcome:
+    outcome: Outcome | None = None
+    try:
+        with client.lease(
+            f"rule:{claim.rule_id}",
+            claim.worker,
+            ttl_s=settings.lease_ttl_s,
+            wait_s=settings.lease_wait_s,
+            renew=True,
+            # Renewal stops with the work: after as long without progress as the claim
+            # allows, the lease is left to run out too.
+            progress_timeout_s=settings.claim_ttl_s,
+        ) as lease:
+            log.info(
+                "job %s: lease on rule:%s at epoch %s", claim.job_id, claim.rule_id, lease.epoch
+            )
+            outcome = _read_and_write(lease, store, claim, settings)
+    except errors.FenceError as refusal:
+        # From the acquisition (nothing was sent) or from the release at the end of the
+        # block, which cannot change what the write's answer already said.
+        if outcome is None:
+            return outcome_of_refusal(refusal)
+        log.info("job %s: release refused (%s)", claim.job_id, refusal.code)
+    except httpx.TransportError as exc:
+        if outcome is None:
+            return Outcome("proxy_unreachable", PENDING, type(exc).__name__)
+        log.info("job %s: release not answered (%s)", claim.job_id, type(exc).__name__)
+    if outcome is None:
+        raise RuntimeError("the lease block ended without an outcome or an error")
+    return outcome
+
+
+def run(settings: WorkerSettings) -> int:
+    store = JobStore(settings.state_dir)
+    parent = os.getppid()
+    try:
+        with FenceClient(settings.proxy_url, timeout_s=settings.http_timeout_s) as client:
+            # Orphaned (the server died without stopping us): stop taking jobs.
+            while os.getppid() == parent:
+                claim = store.claim(settings.name, os.getpid(), settings.claim_ttl_s)
+                if claim is None:
+                    time.sleep(IDLE_POLL_S)
+                    continue
+                log.info("claimed job %s (generation %d)", claim.job_id, claim.generation)
+                outcome = run_job(client, store, claim, settings)
+                log.info("job %s: %s (%s)", claim.job_id, outcome.outcome, outcome.detail)
+                if not store.finish(claim, outcome):
+                    log.info(
+                        "job %s was claimed again meanwhile: this worker was replaced", claim.job_id
+                    )
+                    return 0
+    finally:
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.mcp_routing.worker")
+    parser.add_argument("--proxy", required=True)
+    parser.add_argument("--state", required=True, type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--lease-ttl", type=float, required=True)
+    parser.add_argument("--lease-wait", type=float, required=True)
+    parser.add_argument("--claim-ttl", type=float, required=True)
+    parser.add_argument("--http-timeout", type=float, required=True)
+    parser.add_argument("--settle-wait", type=float, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.name} pid {os.getpid()}: %(message)s"
+    )
+    return run(
+        WorkerSettings(
+            proxy_url=args.proxy,
+            state_dir=args.state,
+            name=args.name,
+            lease_ttl_s=args.lease_ttl,
+            lease_wait_s=args.lease_wait,
+            claim_ttl_s=args.claim_ttl,
+            http_timeout_s=args.http_timeout,
+            settle_wait_s=args.settle_wait,
+        )
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

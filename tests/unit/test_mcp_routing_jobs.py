@@ -1,0 +1,205 @@
+"""The MCP routing example's job table (examples/mcp_routing/jobs.py), with a fake clock:
+what may be claimed, and what a worker whose claim is stale may still write."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples.mcp_routing.jobs import (
+    BLOCKED,
+    DONE,
+    PENDING,
+    RETRY_DELAY_S,
+    RUNNING,
+    JobStore,
+    Outcome,
+)
+
+CLAIM_TTL_S = 2.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, clock: FakeClock) -> Iterator[JobStore]:
+    store = JobStore(tmp_path, clock)
+    yield store
+    store.close()
+
+
+def test_a_pending_job_is_claimed_once_oldest_first(jobs: JobStore, clock: FakeClock) -> None:
+    first = jobs.enqueue("r1", "eu-west")
+    clock.now += 1
+    second = jobs.enqueue("r2", "us-east")
+
+    claimed = [jobs.claim("w1", 11, CLAIM_TTL_S), jobs.claim("w2", 12, CLAIM_TTL_S)]
+
+    assert [(c.job_id, c.generation) for c in claimed if c] == [(first, 1), (second, 1)]
+    assert jobs.claim("w3", 13, CLAIM_TTL_S) is None
+
+
+def test_a_running_job_is_claimed_again_only_once_its_claim_expired(
+    jobs: JobStore, clock: FakeClock
+) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    first = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert first is not None
+
+    clock.now += CLAIM_TTL_S - 0.1
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    assert not jobs.has_lapsed_claim("w1")
+    clock.now += 0.2
+    assert jobs.has_lapsed_claim("w1")
+
+    second = jobs.claim("w2", 12, CLAIM_TTL_S)
+
+    assert second is not None
+    assert (second.job_id, second.generation, second.worker) == (job_id, 2, "w2")
+    # Claimed again by another worker before the supervisor noticed: still lapsed.
+    assert jobs.has_lapsed_claim("w1")
+    assert not jobs.has_lapsed_claim("w2")
+    status = jobs.status(job_id)
+    assert status is not None
+    assert (status["state"], status["claimed_by"]) == (RUNNING, "w2")
+    assert [(a["worker"], a["generation"]) for a in status["attempts"]] == [("w1", 1), ("w2", 2)]
+
+
+def test_progress_extends_the_claim(jobs: JobStore, clock: FakeClock) -> None:
+    jobs.enqueue("r1", "eu-west")
+    claim = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert claim is not None
+    clock.now += CLAIM_TTL_S - 0.1
+
+    assert jobs.progress(claim, CLAIM_TTL_S, phase="leased", epoch=3)
+
+    clock.now += CLAIM_TTL_S - 0.1
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+
+
+def test_a_stale_claim_records_its_attempt_but_never_touches_the_job(
+    jobs: JobStore, clock: FakeClock
+) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    stale = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert stale is not None
+    assert jobs.progress(stale, CLAIM_TTL_S, phase="writing", epoch=1, rule_read={"v": 1})
+    clock.now += CLAIM_TTL_S + 1
+    current = jobs.claim("w2", 12, CLAIM_TTL_S)
+    assert current is not None
+    assert jobs.progress(current, CLAIM_TTL_S, phase="writing", epoch=2, rule_read={"v": 2})
+
+    # While the successor is still at work...
+    assert not jobs.progress(stale, CLAIM_TTL_S, phase="writing", rule_read={"v": "stale"})
+    assert not jobs.finish(stale, Outcome("stale_epoch", PENDING, "superseded"))
+
+    running = jobs.status(job_id)
+    assert running is not None
+    assert (running["state"], running["claimed_by"], running["result"]) == (RUNNING, "w2", None)
+    assert running["rule_read"] == {"v": 2}
+    clock.now += CLAIM_TTL_S - 0.1
+    assert jobs.claim("w3", 13, CLAIM_TTL_S) is None  # the stale claim extended nothing
+    # ...and after it finished.
+    assert jobs.finish(current, Outcome("written", DONE, "version 2"))
+    assert not jobs.finish(stale, Outcome("stale_epoch", PENDING, "superseded"))
+
+    status = jobs.status(job_id)
+    assert status is not None
+    assert status["state"] == DONE
+    assert status["result"] == {"outcome": "written", "detail": "version 2"}
+    assert status["rule_read"] == {"v": 2}
+    assert [(a["epoch"], a["outcome"]) for a in status["attempts"]] == [
+        (1, "stale_epoch"),
+        (2, "written"),
+    ]
+
+
+def test_a_finished_job_is_not_claimed_again(jobs: JobStore, clock: FakeClock) -> None:
+    jobs.enqueue("r1", "eu-west")
+    claim = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert claim is not None
+    assert jobs.finish(claim, Outcome("outcome_unknown", BLOCKED, "effect e1 in doubt"))
+
+    clock.now += CLAIM_TTL_S + 1
+
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    assert not jobs.has_lapsed_claim("w1")  # it finished: nothing to replace it for
+
+
+def test_a_retried_outcome_makes_the_job_pending_again_after_a_pause(
+    jobs: JobStore, clock: FakeClock
+) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    claim = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert claim is not None
+    assert jobs.finish(claim, Outcome("lease_held", PENDING, "held by w9"))
+
+    clock.now += RETRY_DELAY_S - 0.1
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    clock.now += 0.1
+    again = jobs.claim("w2", 12, CLAIM_TTL_S)
+
+    assert again is not None
+    assert (again.job_id, again.generation) == (job_id, 2)
+
+
+def test_a_gone_worker_closes_only_its_own_open_attempts(jobs: JobStore, clock: FakeClock) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    dead = jobs.claim("w1", 11, CLAIM_TTL_S)
+    assert dead is not None
+    clock.now += CLAIM_TTL_S + 1
+    alive = jobs.claim("w2", 12, CLAIM_TTL_S)
+    assert alive is not None
+
+    jobs.worker_gone("w1", 11, "worker exited (killed by SIGKILL)")
+    jobs.worker_gone("w1", 11, "worker exited (status 0)")
+
+    status = jobs.status(job_id)
+    assert status is not None
+    assert [(a["outcome"], a["detail"]) for a in status["attempts"]] == [
+        ("worker_exited", "worker exited (killed by SIGKILL)"),
+        (None, None),
+    ]
+
+
+def test_concurrent_claimers_each_get_a_different_job(tmp_path: Path) -> None:
+    """Separate connections, as separate worker processes have: every claim is one
+    transaction that takes the write lock first, so none fails and none doubles up."""
+    setup = JobStore(tmp_path)
+    job_ids = {setup.enqueue(f"r{n}", "eu-west") for n in range(40)}
+    setup.close()
+    claimed: list[str] = []
+    failures: list[BaseException] = []
+
+    def claim_all(worker: str) -> None:
+        store = JobStore(tmp_path)
+        try:
+            while (claim := store.claim(worker, 1, 60.0)) is not None:
+                claimed.append(claim.job_id)
+        except BaseException as exc:  # reported below, not lost on the thread
+            failures.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=claim_all, args=(f"w{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert failures == []
+    assert sorted(claimed) == sorted(job_ids)
