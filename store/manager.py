@@ -844,9 +844,10 @@ async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
 
 async def _collect_resources(tx: Tx, leased: set[str], batch: int) -> int:
     """Delete, of at most `batch` resource rows, those nothing refers to any more (no
-    lease, no effect, no idempotency record), and raise the epoch floor to their
-    highest epoch in the same transaction: a later acquire of one of those names starts
-    above the floor, so it still gets an epoch higher than any ever issued for it.
+    lease, no effect, and so no idempotency record, which has its effect), and raise
+    the epoch floor to their highest epoch in the same transaction: a later acquire of
+    one of those names starts above the floor, so it still gets an epoch higher than
+    any ever issued for it.
 
     The rows looked at are those whose leases this pass deleted (usually their last
     reference), then, in the room left, the next rows of a sweep of the whole table in

@@ -273,7 +273,8 @@ UPDATE store_meta SET resources_swept_to = :resource
 
 -- delete_unreferenced_resources --
 -- Of the rows locked above, those nothing refers to any more: no lease (live or
--- kept for its history), no effect (in doubt or settled), no idempotency record. A
+-- kept for its history), no effect (in doubt or settled). No idempotency record
+-- either: each has its effect, of the same resource (a foreign key). A
 -- statement of its own after the lock, so that it reads everything committed before
 -- the lock was taken (a lock's own recheck would not see other tables' new rows).
 -- Their epochs are returned for the epoch floor.
@@ -281,7 +282,6 @@ DELETE FROM resources
 WHERE resource = ANY (ARRAY(SELECT jsonb_array_elements_text(:resources::jsonb)))
   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = resources.resource)
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.resource = resources.resource)
-  AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.resource = resources.resource)
 RETURNING epoch
 
 -- raise_epoch_floor --

@@ -244,13 +244,12 @@ UPDATE store_meta SET resources_swept_to = :resource
 
 -- delete_unreferenced_resources --
 -- Of the rows read above, those nothing refers to any more: no lease (live or kept for its
--- history), no effect (in doubt or settled), no idempotency record. Their epochs are
--- returned for the epoch floor.
+-- history), no effect (in doubt or settled). No idempotency record either: each has its
+-- effect, of the same resource (a foreign key). Their epochs are returned for the floor.
 DELETE FROM resources
 WHERE resource IN (SELECT value FROM json_each(:resources))
   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = resources.resource)
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.resource = resources.resource)
-  AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.resource = resources.resource)
 RETURNING epoch
 
 -- raise_epoch_floor --

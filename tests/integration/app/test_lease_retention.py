@@ -159,7 +159,8 @@ async def test_resource_rows_stay_while_anything_refers_to_them(
 ) -> None:
     live, _ = await leased(store, "r:live", ttl_s=40 * DAY)
     in_flight = await dispatched(store, "r:dispatching", "k-1")
-    unknown = await dispatched(store, "r:unknown", "k-2")
+    # No key: only the effect itself refers to its resource.
+    unknown = await dispatched(store, "r:unknown", None)
     await store.finish_effect(unknown, Event.LOST, None, "response lost", None)
     conflicting = await dispatched(store, "r:conflicting", "k-3")
     await store.finish_effect(conflicting, Event.LOST, None, "response lost", None)
@@ -200,7 +201,7 @@ async def test_a_resource_goes_once_its_last_effect_went_in_an_earlier_pass(
 ) -> None:
     """Effects kept longer than leases: the resource row outlives both, and the sweep
     finds it once the effects go, passes later."""
-    await settled(store, "r:a", Event.ANSWERED_COMMITTED, "k-1")
+    await settled(store, "r:a", Event.ANSWERED_COMMITTED)
     effects_longer = Retention(60 * DAY, 7 * DAY, 1000, leases_s=30 * DAY)
     clock.advance(31 * DAY)
     assert await store.apply_retention(effects_longer) == Purged(0, 0, leases=1)
