@@ -1032,6 +1032,10 @@ async def _lease_and_state(
     state = await _resource_state(tx, lease.resource, lock=True)
     if state.lease is not None and state.lease.epoch == lease.epoch:
         lease = state.lease  # read under the lock: a concurrent release or renew shows
+    elif state.epoch < lease.epoch:
+        # Epochs only grow: retention deleted the lease and its resource's row while
+        # this waited for the lock (PostgreSQL). The token names no lease any more.
+        return None, None
     return lease, state
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -266,6 +266,64 @@ async def test_two_replicas_collecting_at_once_leave_no_epoch_behind(
         assert await backends.count(store_url, "resources") == 0
         assert await epoch_floor(store_url) == 3
         assert (await leased(two, "r:02"))[0].epoch == 4
+
+
+async def test_acquires_racing_the_collector_on_another_replica_never_reuse_an_epoch(
+    store_url: str, clock: FakeClock
+) -> None:
+    """Names leased and released over and over, alternately through two replicas, while
+    a third keeps collecting them (a horizon of half a second, the clock moved two seconds
+    a pass): every grant of a name is above every earlier one, whichever of a grant and
+    a deletion of the row took the name's lock first."""
+    async with (
+        running_store(store_url, clock, instance_id="replica-1") as one,
+        running_store(store_url, clock, instance_id="replica-2") as two,
+        running_store(store_url, clock, instance_id="replica-3") as collector,
+    ):
+        done = asyncio.Event()
+        collected: list[int] = []
+        passed = asyncio.Condition()
+
+        def a_pass_after(seen: int) -> Callable[[], bool]:
+            return lambda: len(collected) > seen
+
+        async def worker(name: str) -> list[int]:
+            epochs = []
+            for i in range(30):
+                store = one if i % 2 else two
+                lease, token = await leased(store, name, ttl_s=0.5)
+                epochs.append(lease.epoch)
+                # The collector may have taken the lease first (it expired half a second
+                # in): then the token names no lease.
+                released = await store.release(token)
+                assert not isinstance(released, Refusal) or released.code == "invalid_token"
+                if i % 3 == 0:  # now and then, let a pass run before the next grant
+                    async with passed:
+                        await passed.wait_for(a_pass_after(len(collected)))
+            return epochs
+
+        async def collect() -> None:
+            while not done.is_set():
+                clock.advance(2.0)
+                purged = await collector.apply_retention(
+                    Retention(30 * DAY, 7 * DAY, batch=3, leases_s=0.5)
+                )
+                async with passed:
+                    collected.append(purged.resources)
+                    passed.notify_all()
+                await asyncio.sleep(0)
+
+        collecting = asyncio.create_task(collect())
+        try:
+            names = [f"race:{i}" for i in range(4)]
+            issued = await asyncio.gather(*(worker(name) for name in names))
+        finally:
+            done.set()
+            await collecting
+
+    for epochs in issued:
+        assert epochs == sorted(set(epochs)), epochs
+    assert sum(collected) > 0
 
 
 async def store_bytes(store_url: str) -> int:
