@@ -153,8 +153,7 @@ MAX_RETENTION_BATCH = 10_000
 
 def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...]) -> Retention:
     """`retention: {effects_days, rejections_days, leases_days, batch}`; days may be
-    fractional, 0 keeps
-    forever. A receipt is kept at least as long as its key replays (the longest
+    fractional, 0 keeps forever. A receipt is kept at least as long as its key replays (the longest
     `idempotency.retain_s` of a fenced route): the default stretches to it, and a shorter
     `effects_days` is refused."""
     fenced = [route for route in routes if route.fenced]

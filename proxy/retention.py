@@ -2,9 +2,10 @@
 
 Every `INTERVAL_S` it runs passes of `Store.apply_retention`, each one transaction
 deleting at most `batch` settled effects (with their history and expired keys), at
-most `batch` rejections, at most `batch` expired leases and, of the next `batch`
-resource rows of a sweep, those nothing refers to any more (raising the epoch floor
-past them), and goes on at once while a pass deleted a full batch:
+most `batch` rejections, at most `batch` expired leases and, of at most `batch`
+resource rows (those of the leases it deleted, then the next ones of a sweep), those
+nothing refers to any more (raising the epoch floor past them), and goes on at once
+while a pass deleted a full batch:
 a backlog is worked off in bounded steps, never in one long transaction. On
 PostgreSQL one replica at a time does it (an advisory lock; the others' passes
 delete nothing); on SQLite the proxy is the only process.
@@ -59,7 +60,7 @@ class RetentionCollector:
         )
 
     async def collect(self) -> tuple[Purged, int]:
-        """Passes until one deletes less than a full batch of both kinds; returns what
+        """Passes until one deletes less than a full batch of every kind; returns what
         they deleted in all, and how many passes it took."""
         total = Purged(0, 0)
         passes = 0

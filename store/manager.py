@@ -703,8 +703,8 @@ class Store:
         effects that settled more than `effects_s` ago (with their history and expired
         idempotency records; never one in doubt or conflicting, never one a retained key
         points to), at most `batch` rejections older than `rejections_s`, at most `batch`
-        leases that expired more than `leases_s` ago, and, of the next `batch` resource
-        rows of a sweep, those nothing refers to any more (`_collect_resources`). 0 keeps
+        leases that expired more than `leases_s` ago, and, of at most `batch` resource
+        rows, those nothing refers to any more (`_collect_resources`). 0 keeps
         forever. One replica at a time; the others' passes delete nothing."""
 
         async def operation(tx: Tx) -> Purged:
