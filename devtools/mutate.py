@@ -9,7 +9,8 @@ so two runs on the same tree try the same mutants.
 Mutants are written into temporary copies of the project, never into the working
 tree: an interrupted run (Ctrl-C, a killed terminal) has nothing to restore.
 
-    python -m devtools.mutate [MODULE ...] [--tests PATH ...] [--jobs N] [--timeout S] [--list]
+    python -m devtools.mutate [MODULE ...] [--tests PATH ...] [--jobs N] [--timeout S]
+                              [--match TEXT] [--list]
 """
 
 from __future__ import annotations
@@ -187,6 +188,14 @@ def _candidates(node: ast.AST, source: str) -> list[tuple[str, ast.AST]]:
         found.append(("raise removed", ast.Pass()))
     elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
         found.append((f"call to {ast.unparse(node.value.func)}() removed", ast.Pass()))
+    elif (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Await)
+        and isinstance(node.value.value, ast.Call)
+    ):
+        # The store's steps are awaited calls (`await tx.execute("raise_epoch_floor", ...)`):
+        # named with their arguments, which say which step it is.
+        found.append((f"awaited call {_code(node.value.value, source)} removed", ast.Pass()))
     return found
 
 
@@ -445,14 +454,21 @@ def run_mutants(
     jobs: int,
     timeout: float | None,
     progress: Callable[[str], None],
+    match: str | None = None,
 ) -> list[Result]:
-    """Every mutant of `modules`, each judged by the test files that load its module.
+    """Every mutant of `modules` (those whose description contains `match`, if given),
+    each judged by the test files that load its module.
 
     A test file that never imports a module cannot see its mutants, so it is not run
     for them: that keeps a run to minutes, and unrelated tests (a timing-sensitive
     server test, say) cannot kill a mutant by chance. Tests that use a module only in
     a child process do not count as loading it. Results come in source order."""
-    mutants = [m for module in modules for m in generate_mutants(module, _read(root, module))]
+    mutants = [
+        m
+        for module in modules
+        for m in generate_mutants(module, _read(root, module))
+        if match is None or match in m.description
+    ]
     files = test_files(root, tests)
     with tempfile.TemporaryDirectory(prefix="fenceproxy-mutate-") as base:
         runner = Runner(root, Path(base), jobs)
@@ -569,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=float, help="seconds per mutant (default: 10x baseline)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--match", help="only the mutants whose description contains TEXT")
     args = parser.parse_args(argv)
     modules: list[str] = args.modules
     for module in modules:
@@ -577,7 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for module in modules:
             for mutant in generate_mutants(module, _read(ROOT, module)):
-                print(mutant.label())
+                if args.match is None or args.match in mutant.description:
+                    print(mutant.label())
         return 0
     started = time.monotonic()
     try:
@@ -588,6 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max(1, args.jobs),
             args.timeout,
             lambda message: print(f"mutate: {message}", file=sys.stderr, flush=True),
+            args.match,
         )
     except KeyboardInterrupt:
         print("mutate: interrupted; the working tree was never modified", file=sys.stderr)

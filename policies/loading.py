@@ -9,7 +9,7 @@ message`, so nothing ever starts half-configured.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -375,8 +375,8 @@ MAX_RETENTION_BATCH = 10_000
 
 
 def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...]) -> Retention:
-    """`retention: {effects_days, rejections_days, batch}`; days may be fractional, 0 keeps
-    forever. A receipt is kept at least as long as its key replays (the longest
+    """`retention: {effects_days, rejections_days, leases_days, batch}`; days may be
+    fractional, 0 keeps forever. A receipt is kept at least as long as its key replays (the longest
     `idempotency.retain_s` of a fenced route): the default stretches to it, and a shorter
     `effects_days` is refused."""
     fenced = [route for route in routes if route.fenced]
@@ -385,12 +385,13 @@ def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...
     default_effects_s = max(DEFAULT_RETENTION.effects_s, longest_s)
     node = root.child("retention")
     if node is None:
-        return Retention(default_effects_s, DEFAULT_RETENTION.rejections_s, DEFAULT_RETENTION.batch)
-    block = Mapping(node, problems, {"effects_days", "rejections_days", "batch"})
+        return replace(DEFAULT_RETENTION, effects_s=default_effects_s)
+    block = Mapping(node, problems, {"effects_days", "rejections_days", "leases_days", "batch"})
     if not block.valid:
         return DEFAULT_RETENTION
     effects = block.number("effects_days", default=None)
     rejections = block.number("rejections_days", default=DEFAULT_RETENTION.rejections_s / DAY_S)
+    leases = block.number("leases_days", default=DEFAULT_RETENTION.leases_s / DAY_S)
     batch = block.number("batch", default=DEFAULT_RETENTION.batch, minimum=1, integer=True)
     effects_s = default_effects_s if effects is None else float(effects) * DAY_S
     if effects is not None and longest is not None and 0 < effects_s < longest_s:
@@ -409,6 +410,7 @@ def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...
         effects_s,
         float(rejections) * DAY_S if rejections is not None else DEFAULT_RETENTION.rejections_s,
         batch if isinstance(batch, int) else DEFAULT_RETENTION.batch,
+        float(leases) * DAY_S if leases is not None else DEFAULT_RETENTION.leases_s,
     )
 
 

@@ -61,11 +61,14 @@ DAY_S = 86400.0
 @dataclass(frozen=True)
 class Retention:
     """How long the audit trail is kept, in seconds (0: forever), and the most one
-    pass of the retention collector deletes of each kind in one transaction."""
+    pass of the retention collector deletes of each kind in one transaction.
+    `leases_s` runs from a lease's expiry; a resource row goes once nothing refers
+    to it (and never lets its epoch be issued again)."""
 
     effects_s: float
     rejections_s: float
     batch: int
+    leases_s: float = 30 * DAY_S
 
 
 DEFAULT_RETENTION = Retention(30 * DAY_S, 7 * DAY_S, 1000)

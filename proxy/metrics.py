@@ -18,6 +18,8 @@ from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
 from store import CAME_BACK, Purged, Receipt, Store
 
+# The `record` label of fenceproxy_retention_deleted_total: a field of Purged each.
+RETENTION_RECORDS = ("effects", "rejections", "leases", "resources")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A turn (grant to release) lasts from milliseconds to the longest leases allowed.
 TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -72,14 +74,15 @@ class Metrics:
         )
         self.retention_deleted = Counter(
             "fenceproxy_retention_deleted",
-            "Records the retention collector deleted (effects with their history, rejections)",
+            "Records the retention collector deleted (effects with their history, rejections,"
+            " leases, resources)",
             ["record"],
             registry=self.registry,
         )
         for state in EffectState:
             if state not in BLOCKING:
                 self.settled.labels(state.value)
-        for record in ("effects", "rejections"):
+        for record in RETENTION_RECORDS:
             self.retention_deleted.labels(record)
         self.blocked = Gauge(
             "fenceproxy_blocked_resources",
@@ -145,8 +148,14 @@ class Metrics:
             self._child(self.settled, receipt.effect.state.value).inc()
 
     def count_retention(self, purged: Purged) -> None:
-        self._child(self.retention_deleted, "effects").inc(purged.effects)
-        self._child(self.retention_deleted, "rejections").inc(purged.rejections)
+        deleted = {
+            "effects": purged.effects,
+            "rejections": purged.rejections,
+            "leases": purged.leases,
+            "resources": purged.resources,
+        }
+        for record, n in deleted.items():
+            self._child(self.retention_deleted, record).inc(n)
 
     def watch_leases(self, store: Store, route_groups: tuple[str, ...]) -> None:
         """Count how the store's leases end, grouped by the fenced routes' templates."""

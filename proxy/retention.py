@@ -1,8 +1,11 @@
 """Retention of the audit trail: the background collector (policy `retention:`).
 
 Every `INTERVAL_S` it runs passes of `Store.apply_retention`, each one transaction
-deleting at most `batch` settled effects (with their history and expired keys) and
-at most `batch` rejections, and goes on at once while a pass deleted a full batch:
+deleting at most `batch` settled effects (with their history and expired keys), at
+most `batch` rejections, at most `batch` expired leases and, of at most `batch`
+resource rows (those of the leases it deleted, then the next ones of a sweep), those
+nothing refers to any more (raising the epoch floor past them), and goes on at once
+while a pass deleted a full batch:
 a backlog is worked off in bounded steps, never in one long transaction. On
 PostgreSQL one replica at a time does it (an advisory lock; the others' passes
 delete nothing); on SQLite the proxy is the only process.
@@ -47,21 +50,28 @@ class RetentionCollector:
 
     @property
     def enabled(self) -> bool:
-        return self.retention.effects_s > 0 or self.retention.rejections_s > 0
+        return any(
+            days > 0
+            for days in (
+                self.retention.effects_s,
+                self.retention.rejections_s,
+                self.retention.leases_s,
+            )
+        )
 
     async def collect(self) -> tuple[Purged, int]:
-        """Passes until one deletes less than a full batch of both kinds; returns what
+        """Passes until one deletes less than a full batch of every kind; returns what
         they deleted in all, and how many passes it took."""
-        effects = rejections = passes = 0
+        total = Purged(0, 0)
+        passes = 0
         while True:
             purged = await self.store.apply_retention(self.retention)
             passes += 1
-            effects += purged.effects
-            rejections += purged.rejections
-            if purged.effects or purged.rejections:
+            total += purged
+            if purged:
                 self.on_deleted(purged)
             if not purged.full(self.retention.batch):
-                return Purged(effects, rejections), passes
+                return total, passes
             # Each pass is its own transaction; let the event loop (and, on SQLite, the
             # admissions queued for the writer) run between them.
             await asyncio.sleep(0)
@@ -72,11 +82,14 @@ class RetentionCollector:
             try:
                 purged, passes = await self.collect()
                 failures = 0
-                if purged.effects or purged.rejections:
+                if purged:
                     log.info(
-                        "retention: deleted %d effects and %d rejections in %d passes",
+                        "retention: deleted %d effects, %d rejections, %d leases and %d"
+                        " resources in %d passes",
                         purged.effects,
                         purged.rejections,
+                        purged.leases,
+                        purged.resources,
                         passes,
                     )
             except StoreUnavailable as exc:

@@ -132,10 +132,23 @@ class Purged:
 
     effects: int
     rejections: int
+    leases: int = 0
+    resources: int = 0
 
     def full(self, batch: int) -> bool:
-        """A full batch of either: there may be more to delete right away."""
-        return self.effects >= batch or self.rejections >= batch
+        """A full batch of any kind: there may be more to delete right away."""
+        return max(self.effects, self.rejections, self.leases, self.resources) >= batch
+
+    def __add__(self, other: Purged) -> Purged:
+        return Purged(
+            self.effects + other.effects,
+            self.rejections + other.rejections,
+            self.leases + other.leases,
+            self.resources + other.resources,
+        )
+
+    def __bool__(self) -> bool:
+        return any((self.effects, self.rejections, self.leases, self.resources))
 
 
 @dataclass(frozen=True)
@@ -839,7 +852,9 @@ class Store:
         """One bounded pass of retention, in one transaction: at most `batch` settled
         effects that settled more than `effects_s` ago (with their history and expired
         idempotency records; never one in doubt or conflicting, never one a retained key
-        points to), and at most `batch` rejections older than `rejections_s`. 0 keeps
+        points to), at most `batch` rejections older than `rejections_s`, at most `batch`
+        leases that expired more than `leases_s` ago, and, of at most `batch` resource
+        rows, those nothing refers to any more (`_collect_resources`). 0 keeps
         forever. One replica at a time; the others' passes delete nothing."""
 
         async def operation(tx: Tx) -> Purged:
@@ -870,7 +885,18 @@ class Store:
                 rejections += await tx.execute(
                     "delete_expired_refusal_counts", horizon=tx.now - retention.rejections_s
                 )
-            return Purged(effects, rejections)
+            leases = resources = 0
+            if retention.leases_s > 0:
+                ended = await tx.all(
+                    "delete_expired_leases",
+                    horizon=tx.now - retention.leases_s,
+                    limit=retention.batch,
+                )
+                leases = len(ended)
+                resources = await _collect_resources(
+                    tx, {row["resource"] for row in ended}, retention.batch
+                )
+            return Purged(effects, rejections, leases, resources)
 
         return await self.connector.write(operation)
 
@@ -968,6 +994,39 @@ async def _resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
         open_effects=open_effects,
         epoch_floor=int(row["epoch_floor"] or 0),
     )
+
+
+async def _collect_resources(tx: Tx, leased: set[str], batch: int) -> int:
+    """Delete, of at most `batch` resource rows, those nothing refers to any more (no
+    lease, no effect, and so no idempotency record, which has its effect), and raise
+    the epoch floor to their highest epoch in the same transaction: a later acquire of
+    one of those names starts above the floor, so it still gets an epoch higher than
+    any ever issued for it.
+
+    The rows looked at are those whose leases this pass deleted (usually their last
+    reference), then, in the room left, the next rows of a sweep of the whole table in
+    key order: a row whose last reference went another way (its effects kept longer
+    than its leases), that never had one (a revocation of a name never leased), or
+    that was in use when its leases went, is found on the sweep's next round."""
+    locked = await tx.all("lock_resources", resources=_json(leased))
+    names = {row["resource"] for row in locked}
+    room = batch - len(leased)
+    if room > 0:
+        swept = [row["resource"] for row in await tx.all("sweep_resources", limit=room)]
+        # Past the last row the sweep starts again from the first ('' sorts first).
+        await tx.execute("set_resources_swept_to", resource=swept[-1] if len(swept) >= room else "")
+        names.update(swept)
+    if not names:
+        return 0
+    deleted = await tx.all("delete_unreferenced_resources", resources=_json(names))
+    if deleted:
+        await tx.execute("raise_epoch_floor", floor=max(int(row["epoch"]) for row in deleted))
+    return len(deleted)
+
+
+def _json(names: set[str]) -> str:
+    """Resource names as one parameter on both backends (a JSON array)."""
+    return json.dumps(sorted(names))
 
 
 async def _lock_resource(tx: Tx, resource: str) -> None:
@@ -1146,6 +1205,10 @@ async def _lease_and_state(
     state = await _resource_state(tx, lease.resource, lock=True)
     if state.lease is not None and state.lease.epoch == lease.epoch:
         lease = state.lease  # read under the lock: a concurrent release or renew shows
+    elif state.epoch < lease.epoch:
+        # Epochs only grow: retention deleted the lease and its resource's row while
+        # this waited for the lock (PostgreSQL). The token names no lease any more.
+        return None, None
     return lease, state
 
 

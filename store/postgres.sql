@@ -289,6 +289,56 @@ WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
 DELETE FROM rejections
 WHERE id = ANY (ARRAY(SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit))
 
+-- delete_expired_leases --
+-- Leases that expired before the horizon: not one of them can be live again (a lease is
+-- renewed only while live), whether it was released, revoked, superseded or let lapse.
+-- From leases_by_expiry, at most :limit a pass; SKIP LOCKED: a lease another
+-- transaction is ending is left for the next pass.
+DELETE FROM leases
+WHERE token_hash = ANY (ARRAY(
+    SELECT token_hash FROM leases WHERE expires_at < :horizon LIMIT :limit
+    FOR UPDATE SKIP LOCKED))
+  AND expires_at < :horizon
+RETURNING resource
+
+-- lock_resources --
+-- The resources of the leases a pass deleted, locked as every decision about a resource
+-- locks it (see sweep_resources).
+SELECT resource FROM resources
+WHERE resource = ANY (ARRAY(SELECT jsonb_array_elements_text(:resources::jsonb)))
+ORDER BY resource
+FOR UPDATE OF resources SKIP LOCKED
+
+-- sweep_resources --
+-- The next :limit resource rows after where the last pass stopped, in key order, each
+-- locked as every decision about a resource locks it, so that nothing about them changes
+-- until the pass commits. SKIP LOCKED: a resource being decided on is in use; the next
+-- round of the sweep sees it again.
+SELECT resource FROM resources
+WHERE resource > (SELECT resources_swept_to FROM store_meta)
+ORDER BY resource LIMIT :limit
+FOR UPDATE OF resources SKIP LOCKED
+
+-- set_resources_swept_to --
+UPDATE store_meta SET resources_swept_to = :resource
+
+-- delete_unreferenced_resources --
+-- Of the rows locked above, those nothing refers to any more: no lease (live or
+-- kept for its history), no effect (in doubt or settled). No idempotency record
+-- either: each has its effect, of the same resource (a foreign key). A
+-- statement of its own after the lock, so that it reads everything committed before
+-- the lock was taken (a lock's own recheck would not see other tables' new rows).
+-- Their epochs are returned for the epoch floor.
+DELETE FROM resources
+WHERE resource = ANY (ARRAY(SELECT jsonb_array_elements_text(:resources::jsonb)))
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = resources.resource)
+  AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.resource = resources.resource)
+RETURNING epoch
+
+-- raise_epoch_floor --
+-- Never lowered: the floor only grows.
+UPDATE store_meta SET epoch_floor = :floor WHERE epoch_floor < :floor
+
 -- ping --
 SELECT 1 AS ok
 

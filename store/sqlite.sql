@@ -264,6 +264,41 @@ DELETE FROM effects WHERE id IN (SELECT value FROM json_each(:ids))
 DELETE FROM rejections WHERE id IN (
     SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit)
 
+-- delete_expired_leases --
+-- Leases that expired before the horizon: not one of them can be live again (a lease is
+-- renewed only while live), whether it was released, revoked, superseded or let lapse.
+-- From leases_by_expiry, at most :limit a pass.
+DELETE FROM leases WHERE rowid IN (
+    SELECT rowid FROM leases WHERE expires_at < :horizon LIMIT :limit)
+RETURNING resource
+
+-- lock_resources --
+-- The resources of the leases a pass deleted (BEGIN IMMEDIATE holds them all already).
+SELECT resource FROM resources WHERE resource IN (SELECT value FROM json_each(:resources))
+
+-- sweep_resources --
+-- The next :limit resource rows after where the last pass stopped, in key order.
+SELECT resource FROM resources
+WHERE resource > (SELECT resources_swept_to FROM store_meta)
+ORDER BY resource LIMIT :limit
+
+-- set_resources_swept_to --
+UPDATE store_meta SET resources_swept_to = :resource
+
+-- delete_unreferenced_resources --
+-- Of the rows read above, those nothing refers to any more: no lease (live or kept for its
+-- history), no effect (in doubt or settled). No idempotency record either: each has its
+-- effect, of the same resource (a foreign key). Their epochs are returned for the floor.
+DELETE FROM resources
+WHERE resource IN (SELECT value FROM json_each(:resources))
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = resources.resource)
+  AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.resource = resources.resource)
+RETURNING epoch
+
+-- raise_epoch_floor --
+-- Never lowered: the floor only grows.
+UPDATE store_meta SET epoch_floor = :floor WHERE epoch_floor < :floor
+
 -- ping --
 SELECT 1 AS ok
 

@@ -40,6 +40,25 @@ def test_operators_constants_and_calls_are_mutated() -> None:
     ]
 
 
+def test_an_awaited_call_is_removed_and_named_with_its_arguments() -> None:
+    source = "async def f(tx):\n    await tx.execute('raise_epoch_floor', floor=1)\n"
+    assert descriptions(source) == [
+        "awaited call \"tx.execute('raise_epoch_floor', floor=1)\" removed",
+        "'raise_epoch_floor' -> ''",
+        "1 -> 2",
+        "1 -> 0",
+    ]
+
+
+def test_match_keeps_only_the_mutants_it_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--list", "--match", "raise_epoch_floor", "store/manager.py"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "awaited call 'tx.execute(\"raise_epoch_floor\", floor=max(int(r...' removed",
+        "'raise_epoch_floor' -> ''",
+    ]
+
+
 def test_docstrings_annotations_asserts_and_decorators_are_left_alone() -> None:
     source = (
         '"""Module docstring."""\n'

@@ -1028,6 +1028,13 @@ def test_retention_block_in_days_fractions_allowed() -> None:
     assert parse_policy(text).retention == Retention(90 * DAY, 0.5 * DAY, 250)
 
 
+def test_lease_retention_in_days_fractions_allowed_zero_keeps_forever() -> None:
+    assert parse_policy(VALID).retention.leases_s == 30 * DAY
+    text = with_text("retention: {leases_days: 0.25}")
+    assert parse_policy(text).retention == Retention(30 * DAY, 7 * DAY, 1000, 0.25 * DAY)
+    assert parse_policy(with_text("retention: {leases_days: 0}")).retention.leases_s == 0
+
+
 def test_retention_keys_left_out_take_their_defaults() -> None:
     text = with_text("retention: {rejections_days: 1}")
     assert parse_policy(text).retention == Retention(30 * DAY, 1 * DAY, 1000)
@@ -1079,6 +1086,9 @@ def test_a_key_retention_does_not_matter_when_effects_are_kept_forever() -> None
         ("{batch: 1.5}", "retention.batch", "expected an integer, got 1.5"),
         ("{batch: 20000}", "retention.batch", "must be at most 10000 (one pass is one"),
         ("{keep_days: 3}", "retention.keep_days", "unknown key (allowed: batch, effects_days,"),
+        ("{leases_days: -1}", "retention.leases_days", "must be at least 0, got -1"),
+        ("{leases_days: .nan}", "retention.leases_days", "expected a finite number, got nan"),
+        ("{leases_days: forever}", "retention.leases_days", "expected a number, got 'forever'"),
         ("[30, 7]", "retention", "expected a mapping, got a list"),
         ("30", "retention", "expected a mapping, got 30"),
     ],
@@ -1096,6 +1106,9 @@ def test_a_key_retention_does_not_matter_when_effects_are_kept_forever() -> None
         "batch-fraction",
         "batch-too-large",
         "unknown-key",
+        "negative-leases",
+        "nan-leases",
+        "string-leases",
         "list",
         "scalar",
     ],

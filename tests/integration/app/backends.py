@@ -263,6 +263,52 @@ async def seed_rejections(
     await _seed(store_url, [(_SEED_REJECTIONS[backend], named, [at, resource, count])])
 
 
+_SEED_RESOURCES = {
+    "sqlite": """
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :count)
+        INSERT INTO resources (resource, epoch) SELECT :prefix || i, :epoch FROM n
+    """,
+    "postgresql": """
+        INSERT INTO resources (resource, epoch)
+        SELECT $1::text || i, $2::bigint FROM generate_series(0, $3 - 1) AS i
+    """,
+}
+_SEED_LEASES = {
+    "sqlite": """
+        INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at,
+                            ended_at, end_reason)
+        SELECT resource, epoch, 'seed', 'seed-' || resource, :ended_at - 60, :ended_at + 30,
+               :ended_at, 'released'
+        FROM resources WHERE resource LIKE :prefix || '%'
+    """,
+    "postgresql": """
+        INSERT INTO leases (resource, epoch, holder, token_hash, granted_at, expires_at,
+                            ended_at, end_reason)
+        SELECT resource, epoch, 'seed', 'seed-' || resource, $2::float8 - 60, $2::float8 + 30,
+               $2::float8, 'released'
+        FROM resources WHERE resource LIKE $1::text || '%'
+    """,
+}
+
+
+async def seed_released_leases(
+    store_url: str, count: int, *, prefix: str, epoch: int, ended_at: float
+) -> None:
+    """`count` resources named `prefix` + a number, each with one lease at `epoch`
+    released at `ended_at` (as acquire and release would leave them), with one
+    INSERT ... SELECT each."""
+    backend = backend_of(store_url)
+    resources = {"prefix": prefix, "epoch": epoch, "count": count}
+    leases = {"prefix": prefix, "ended_at": ended_at}
+    await _seed(
+        store_url,
+        [
+            (_SEED_RESOURCES[backend], resources, [prefix, epoch, count]),
+            (_SEED_LEASES[backend], leases, [prefix, ended_at]),
+        ],
+    )
+
+
 async def count(store_url: str, table: str, where: str = "TRUE") -> int:
     """Rows of `table` (a name of ours, never input) matching `where`."""
     found = await rows(store_url, f"SELECT count(*) FROM {table} WHERE {where}")

@@ -150,6 +150,8 @@ async def test_no_in_doubt_effect_means_zero_age_and_nothing_blocked(fence: Fenc
     assert metrics["fenceproxy_retention_deleted_total"] == {
         labels(record="effects"): 0,
         labels(record="rejections"): 0,
+        labels(record="leases"): 0,
+        labels(record="resources"): 0,
     }
 
 

@@ -121,7 +121,8 @@ async def test_old_settled_effects_and_rejections_go_with_their_history_and_keys
 
     purged = await store.apply_retention(KEEP)
 
-    assert purged == Purged(effects=4, rejections=1)
+    # Their leases expired 31 days ago too, and then nothing referred to their resources.
+    assert purged == Purged(effects=4, rejections=1, leases=4, resources=4)
     assert await effect_ids(store_url) == {recent}
     assert await event_owners(store_url) == set()
     assert await key_owners(store_url) == {recent}  # the old keys had expired (retain_s 60)
@@ -137,7 +138,7 @@ async def test_a_receipt_for_a_deleted_effect_is_refused_and_recreates_nothing(
 ) -> None:
     effect_id = await settled(store, "r:a", Event.ANSWERED_COMMITTED, key="k-1")
     clock.advance(31 * DAY)
-    assert await store.apply_retention(KEEP) == Purged(1, 0)
+    assert await store.apply_retention(KEEP) == Purged(1, 0, leases=1, resources=1)
 
     # A proxy that stalled for longer than the retention wakes with its receipt.
     with pytest.raises(StoreError, match="no longer in the store"):
@@ -183,7 +184,8 @@ async def test_effects_in_doubt_or_conflicting_stay_however_old(
     assert finished == [(2,)]
 
     clock.advance(10 * 365 * DAY)
-    assert await store.apply_retention(Retention(1.0, 1.0, 1000)) == Purged(0, 0)
+    # Their leases go; their resources stay with them (resource_rows_stay_... below).
+    assert await store.apply_retention(Retention(1.0, 1.0, 1000)) == Purged(0, 0, leases=3)
 
     assert await effect_ids(store_url) == {in_flight, unknown, conflicting}
     assert await event_owners(store_url) == {unknown, conflicting}
@@ -213,7 +215,7 @@ async def test_a_key_still_retained_keeps_its_effect(
     effect_id = await settled(store, "r:a", Event.ANSWERED_COMMITTED, key="k-1", retain_s=40 * DAY)
     clock.advance(31 * DAY)
 
-    assert await store.apply_retention(KEEP) == Purged(0, 0)
+    assert await store.apply_retention(KEEP) == Purged(0, 0, leases=1)
     assert await effect_ids(store_url) == {effect_id}
     assert await key_owners(store_url) == {effect_id}
     # It still replays.

@@ -51,6 +51,7 @@ store: sqlite:///{store_path}
 admin_token_env: {admin_token_env}
 leases: {{min_ttl_s: 0.5, max_ttl_s: 60, default_ttl_s: 2}}
 {limits}
+{retention}
 upstreams:
   supplier: {{url: "http://127.0.0.1:{upstream_port}", timeout_s: {timeout_s},
               connect_timeout_s: 0.25}}
@@ -117,6 +118,7 @@ class StackOptions:
     limits: str | None = None  # the policy's `limits:` mapping (YAML); None: the defaults
     top_level: str = ""  # YAML appended to the policy (more top-level blocks)
     env: tuple[tuple[str, str], ...] = ()  # more environment for the proxy process
+    retention: str | None = None  # the policy's `retention:` mapping (YAML); None: defaults
 
 
 # -- a small synchronous HTTP client ---------------------------------------------------
@@ -716,6 +718,7 @@ def _start_stack(tmp_path: Path, options: StackOptions | None = None) -> Iterato
             timeout_s=options.upstream_timeout_s,
             place_order_reconcile=options.reconcile.yaml() if options.reconcile else "",
             limits=f"limits: {options.limits}" if options.limits else "",
+            retention=f"retention: {options.retention}" if options.retention else "",
         )
         + options.top_level
     )
