@@ -148,7 +148,9 @@ def test_a_run_judges_each_mutant_and_never_touches_the_project(tmp_path: Path) 
     before = snapshot(project)
     messages: list[str] = []
 
-    results = run_mutants(project, ["calc.py"], ["tests"], 2, 5.0, messages.append)
+    # 15 s: a mutant's whole pytest run must fit even on a loaded 2-core machine (5 s
+    # did not); the two endless mutants cost that long once each, side by side.
+    results = run_mutants(project, ["calc.py"], ["tests"], 2, 15.0, messages.append)
 
     outcomes = {(r.mutant.line, r.mutant.description): r.outcome for r in results}
     assert outcomes == {
