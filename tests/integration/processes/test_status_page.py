@@ -265,8 +265,12 @@ def test_a_refused_action_shows_the_problem_detail_and_refreshes_wait_for_the_fo
         headers=stack.admin_headers(),
     )
     assert answer.status == 200, answer
-    page.until(lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute(
-        "data-refreshes-paused") or 0) >= 1)
+    page.until(
+        lambda d: (
+            int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes-paused") or 0)
+            >= 1
+        )
+    )
     assert _card(page, effect_id).find_element(By.CSS_SELECTOR, "form.action").is_displayed()
 
     form.find_element(By.CSS_SELECTOR, "button.confirm").click()
@@ -300,9 +304,7 @@ def test_hostile_names_are_shown_as_text(browser: WebDriver, stack: Stack) -> No
     page.shot("hostile-names")
 
 
-def test_the_lease_advice_chart_marks_the_suggested_ttl(
-    browser: WebDriver, stack: Stack
-) -> None:
+def test_the_lease_advice_chart_marks_the_suggested_ttl(browser: WebDriver, stack: Stack) -> None:
     for turn in range(3):
         lease = stack.acquire_ok(f"rule:r{turn}", f"worker-{turn}", 5)
         released = stack.release(lease["token"])
