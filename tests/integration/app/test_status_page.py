@@ -20,6 +20,13 @@ from tests.integration.app.conftest import (
     assert_problem,
     json_body,
 )
+from tests.integration.app.test_auth import (
+    AUTH,
+    READER_KEY,
+    RULES_READER_KEY,
+    WORKER_KEY,
+    bearer,
+)
 from tests.integration.app.test_reconcile import fenceproxy
 
 STATUS = "/_fence/v1/status"
@@ -204,3 +211,26 @@ async def test_the_bare_prefix_leads_to_the_page(fence: Fence) -> None:
     response = await fence.client.get("/_fence/ui", allow_redirects=False)
     assert response.status == 302
     assert response.headers["Location"] == PAGE
+
+
+async def test_with_auth_a_clients_key_reads_as_the_admin_token_does(
+    make_fence: FenceFactory,
+) -> None:
+    """The page sends whatever key it is given: a client with `read` sees the status,
+    and the leases in its scope only; the page's shell asks for a client's key."""
+    fence = await make_fence(top_level=AUTH)
+    for key in (READER_KEY, RULES_READER_KEY):
+        response = await fence.client.get(STATUS, headers=bearer(key))
+        assert response.status == 200, await response.text()
+    response = await fence.client.post(
+        "/_fence/v1/leases",
+        json={"resource": "supplier:a", "holder": "worker-a", "ttl_s": 30},
+        headers=bearer(WORKER_KEY),
+    )
+    assert response.status == 201, await response.text()
+    everyone = await json_body(await fence.client.get(RECENT, headers=bearer(READER_KEY)))
+    assert [lease["resource"] for lease in everyone["live"]] == ["supplier:a"]
+    scoped = await json_body(await fence.client.get(RECENT, headers=bearer(RULES_READER_KEY)))
+    assert scoped["live"] == []
+    html = await (await fence.client.get(PAGE)).text()
+    assert "A client&#39;s key (read; operate for actions) or the admin token" in html
