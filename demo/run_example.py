@@ -31,6 +31,9 @@ def what_to_try(admin_token_hint: str) -> str:
     return f"""
 fenceproxy is listening on {PROXY_URL}, in front of the demo upstream on {UPSTREAM_URL}.
 
+The operator's status page (it asks for the admin token, {admin_token_hint}):
+  {PROXY_URL}/_fence/ui/
+
 Take a lease on supplier:widget and keep its token:
   TOKEN=$(curl -s -XPOST localhost:8080/_fence/v1/leases -H 'content-type: application/json' \\
     -d '{{"resource":"supplier:widget","holder":"worker-a","ttl_s":30}}' \\

@@ -17,7 +17,7 @@ from aiohttp import web
 from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
-from proxy import control, fenced, forwarding, operations
+from proxy import control, fenced, forwarding, operations, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
@@ -95,6 +95,7 @@ def build_app(
     if policy.metrics_listen is not None:
         app.cleanup_ctx.append(_metrics_listener_ctx)
     control.add_routes(app, metrics=policy.metrics_listen is None)
+    ui.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
     app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
@@ -235,6 +236,8 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         DEADLINE_MARGIN_S,
         on_probe=runtime.metrics.count_probe,
         on_failure=lambda: runtime.metrics.count_background_failure("reconciler"),
+        version=operations.proxy_version(),
+        started=runtime.started,
     )
     runtime.reconciler = reconciler
     task = asyncio.create_task(reconciler.run(), name="reconciler")

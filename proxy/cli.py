@@ -198,6 +198,12 @@ def _parser() -> argparse.ArgumentParser:
     advice.add_argument("--targets", help="false-expiry rates to size for (default 0.5,0.1,0.05,0)")
     advice.add_argument("--leases", help="the curve's lease lengths (default: from the data)")
     advice.add_argument("--json", action="store_true")
+    status = command(
+        "status",
+        _status,
+        "the store, whether it answers, and every proxy replica seen in the last minutes",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON for programs")
     return parser
 
 
@@ -507,6 +513,42 @@ def _rejections(args: argparse.Namespace) -> int:
     ]
     header = ["at", "code", "request", "route", "resource", "holder", "epoch", "count"]
     _print(args, [r.as_json() for r in found], rows, header)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """What GET /_fence/v1/status answers, less the answering instance (the CLI serves
+    nothing); a store that does not answer is printed, and exits 1."""
+    policy = _policy(args)
+    status = _with_store(
+        args, lambda store: operations.service_status(store, policy.store, instance=None)
+    )
+    if args.json:
+        _print(args, status.as_json(), [], [])
+        return 0 if status.store_answers else 1
+    answers = "answers" if status.store_answers else f"does not answer: {status.store_problem}"
+    print(f"store: {status.backend}, {answers}")
+    if not status.store_answers:
+        return 1
+    now = status.now or 0.0
+
+    def ago(at: float | None) -> str:
+        return "never" if at is None else f"{now - at:.0f}s ago"
+
+    rows = [
+        [
+            replica.instance_id,
+            replica.version,
+            ago(replica.seen_at),
+            f"{now - replica.started_at:.0f}s",
+            ago(replica.last_sweep_at),
+            ago(replica.last_probe_at),
+        ]
+        for replica in status.replicas
+    ]
+    print(f"replicas seen in the last {operations.REPLICAS_WINDOW_S:.0f}s: {len(rows)}")
+    if rows:
+        _print(args, None, rows, ["instance", "version", "seen", "up", "last sweep", "last probe"])
     return 0
 
 

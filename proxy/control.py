@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -16,7 +18,7 @@ from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
-from proxy.runtime import runtime_of
+from proxy.runtime import Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
 PREFIX = "/_fence/v1"
@@ -48,6 +50,8 @@ def add_routes(app: web.Application, metrics: bool = True) -> None:
         get("/_fence/metrics", guarded_metrics)
     get(f"{PREFIX}/rejections", list_rejections)
     get(f"{PREFIX}/lease-advice", lease_advice)
+    get(f"{PREFIX}/status", service_status)
+    get(f"{PREFIX}/leases/recent", recent_leases)
     get("/_fence/healthz", healthz)
     get("/_fence/readyz", readyz)
     get(f"{PREFIX}/openapi.json", openapi_document)
@@ -256,13 +260,19 @@ async def _holder_lease(request: web.Request) -> LeaseRecord | None:
 
 
 async def probe_effect(request: web.Request) -> web.Response:
-    """Probe now, whatever the schedule; only an UNKNOWN effect can be settled by it."""
+    """Probe now, whatever the schedule; only an UNKNOWN effect can be settled by it.
+    The body is optional: an operator's name (recorded as who asked, after the client)
+    and a reason (recorded after the answer's detail), as the status page sends."""
     client = auth.require(request, Right.OPERATE)
     runtime = runtime_of(request)
     effect_id = await _effect_in_scope(request, client)
+    data = await json_object(request, {"operator", "reason"})
+    actor = f"operator:{client.name}"
+    if data.get("operator") is not None:
+        actor += f"/{operations.required_text(data['operator'], 'operator')}"
     assert runtime.session is not None
     result = await operations.probe(
-        runtime.store, runtime.session, runtime.policy, effect_id, f"operator:{client.name}"
+        runtime.store, runtime.session, runtime.policy, effect_id, actor, data.get("reason")
     )
     runtime.metrics.count_probe(result.conclusion)
     return web.json_response(
@@ -357,6 +367,48 @@ async def lease_advice(request: web.Request) -> web.Response:
         leases=query.get("leases"),
     )
     return web.json_response(advice.as_json())
+
+
+def this_instance(runtime: Runtime) -> operations.ThisInstance:
+    now = time.monotonic()
+    reconciler = runtime.reconciler
+
+    def age(instant: float | None) -> float | None:
+        return None if instant is None else now - instant
+
+    return operations.ThisInstance(
+        instance_id=runtime.store.instance_id,
+        version=operations.proxy_version(),
+        uptime_s=now - runtime.started,
+        last_sweep_age_s=age(reconciler.last_sweep) if reconciler else None,
+        last_probe_age_s=age(reconciler.last_probe) if reconciler else None,
+    )
+
+
+async def service_status(request: web.Request) -> web.Response:
+    """This instance, the store and whether it answers, the replicas seen lately: what
+    `fenceproxy status` prints, from the same operation. A store that does not answer
+    is part of the answer (200), not a refusal."""
+    auth.require(request, Right.READ)
+    runtime = runtime_of(request)
+    status = await operations.service_status(
+        runtime.store, runtime.policy.store, this_instance(runtime)
+    )
+    return web.json_response(status.as_json())
+
+
+async def recent_leases(request: web.Request) -> web.Response:
+    """Live leases, and those expired or ended lately (marked when their holder came
+    back after expiry), in the client's scope."""
+    client = auth.require(request, Right.READ)
+    leases = await operations.recent_leases(runtime_of(request).store)
+    if not client.covers(None):
+        leases = replace(
+            leases,
+            live=tuple(auth.in_scope(client, leases.live, lambda lease: lease.resource)),
+            ended=tuple(auth.in_scope(client, leases.ended, lambda lease: lease.resource)),
+        )
+    return web.json_response(operations.recent_leases_json(leases))
 
 
 async def healthz(request: web.Request) -> web.Response:

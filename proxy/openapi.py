@@ -266,6 +266,82 @@ _HOLDS_TOKEN = (
 )
 
 
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+
+
+def _status_schema() -> dict[str, Any]:
+    replica = {
+        "type": "object",
+        "required": ["instance_id", "version", "started_at", "seen_at"],
+        "properties": {
+            "instance_id": {"type": "string"},
+            "version": {"type": "string"},
+            "started_at": {"type": "number"},
+            "seen_at": {"type": "number"},
+            "last_sweep_at": _NUMBER_OR_NULL,
+            "last_probe_at": _NUMBER_OR_NULL,
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["instance", "store", "replicas_window_s", "replicas"],
+        "properties": {
+            "instance": {
+                "type": ["object", "null"],
+                "required": ["instance_id", "version", "uptime_s"],
+                "properties": {
+                    "instance_id": {"type": "string"},
+                    "version": {"type": "string"},
+                    "uptime_s": {"type": "number"},
+                    "last_sweep_age_s": _NUMBER_OR_NULL,
+                    "last_probe_age_s": _NUMBER_OR_NULL,
+                },
+            },
+            "store": {
+                "type": "object",
+                "required": ["backend", "answers", "problem", "now"],
+                "properties": {
+                    "backend": {"type": "string"},
+                    "answers": {"type": "boolean"},
+                    "problem": {"type": ["string", "null"]},
+                    "now": _NUMBER_OR_NULL,
+                },
+            },
+            "replicas_window_s": {"type": "number"},
+            "replicas": {"type": "array", "items": replica},
+        },
+    }
+
+
+def _recent_leases_schema() -> dict[str, Any]:
+    lease = {
+        "type": "object",
+        "required": ["resource", "epoch", "holder", "expires_at", "came_back_at"],
+        "properties": {
+            "resource": {"type": "string"},
+            "epoch": {"type": "integer"},
+            "holder": {"type": "string"},
+            "client": {"type": ["string", "null"]},
+            "granted_at": {"type": "number"},
+            "expires_at": {"type": "number"},
+            "ended_at": _NUMBER_OR_NULL,
+            "end_reason": {"type": ["string", "null"]},
+            "came_back_at": _NUMBER_OR_NULL,
+            "ttl_left_s": {"type": "number"},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["now", "window_s", "live", "recently_ended"],
+        "properties": {
+            "now": {"type": "number"},
+            "window_s": {"type": "number"},
+            "live": {"type": "array", "items": lease},
+            "recently_ended": {"type": "array", "items": lease},
+        },
+    }
+
+
 def _responses(success: dict[str, dict[str, Any]], *codes: Iterable[ErrorCode]) -> dict[str, Any]:
     """The success answers and one problem+json response per status the codes give."""
     by_status: dict[int, list[ErrorCode]] = {}
@@ -564,6 +640,12 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "summary": "run the route's probe for an UNKNOWN effect now",
                     "security": _ADMIN,
                     "parameters": [_EFFECT_ID],
+                    "requestBody": _body(
+                        {
+                            "operator": {**_TEXT, "description": "who asked (optional)"},
+                            "reason": {**_TEXT, "description": "why (optional)"},
+                        }
+                    ),
                     "responses": _responses(
                         {
                             "200": _json(
@@ -679,6 +761,29 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "responses": _responses(
                         {"200": _json(_lease_advice_schema(), "the advice")},
                         _SCOPED,
+                    ),
+                }
+            },
+            "/_fence/v1/status": {
+                "get": {
+                    "summary": "this instance, the store and whether it answers, and every "
+                    "replica seen lately (what `fenceproxy status --json` prints); a store "
+                    "that does not answer is reported here, not refused",
+                    "security": _ADMIN,
+                    "responses": _responses(
+                        {"200": _json(_status_schema(), "the service's status")},
+                        _GUARDED,
+                    ),
+                }
+            },
+            "/_fence/v1/leases/recent": {
+                "get": {
+                    "summary": "live leases, and those expired or ended in the last hour "
+                    "(came_back_at: the holder came back after expiry, a false expiry)",
+                    "security": _ADMIN,
+                    "responses": _responses(
+                        {"200": _json(_recent_leases_schema(), "the leases")},
+                        _GUARDED,
                     ),
                 }
             },

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import aiohttp
@@ -33,8 +34,9 @@ from core.probing import DEADLINE_MARGIN_S
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
+from policies.store_backends import store_backend
 from reconcile.prober import ProbeResult, probe_effect
-from store import LeaseView, Store
+from store import LeaseView, RecentLeases, Replica, Store, StoreError
 
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
@@ -294,15 +296,18 @@ async def probe(
     policy: Policy,
     effect_id: str,
     actor: str | None = None,
+    reason: object = None,
 ) -> ProbeResult:
     """Ask the upstream now, whatever the probe schedule says, and record the answer
-    with `actor` (the admin API's client; None: this process) as who asked."""
+    with `actor` (the admin API's client; None: this process) as who asked, and the
+    operator's `reason`, if given, after the answer's detail."""
+    note = None if reason is None else required_text(reason, "reason")
     await _sweep(store)
     effect = await store.effect(effect_id)
     if effect is None:
         raise _not_found(effect_id)
     check_probeable(effect)
-    return await probe_effect(store, session, policy, effect, actor)
+    return await probe_effect(store, session, policy, effect, actor, note)
 
 
 async def resolve(
@@ -440,3 +445,99 @@ async def lease_advice(
     request = advice_request(policy, resource, since, margin, poll_interval, targets, leases)
     recorded = await store.lease_lives(request.since_s)
     return advise(recorded.lives, recorded.latencies, fenced_routes(policy), request, recorded.now)
+
+
+# --- the status page (issue 12) ----------------------------------------------------------
+
+# Replicas listed on the status page: those that wrote their row in the last few minutes
+# (each writes one every reconcile.prober.REPLICA_BEAT_INTERVAL_S).
+REPLICAS_WINDOW_S = 300.0
+# Expired and ended leases shown: those granted in the last hour.
+RECENT_LEASES_WINDOW_S = 3600.0
+RECENT_LEASES_LIMIT = 200
+
+
+def proxy_version() -> str:
+    try:
+        return metadata.version("fenceproxy")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class ThisInstance:
+    """The answering process, as only it knows itself (ages in seconds)."""
+
+    instance_id: str
+    version: str
+    uptime_s: float
+    last_sweep_age_s: float | None
+    last_probe_age_s: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {
+            "instance_id": self.instance_id,
+            "version": self.version,
+            "uptime_s": round(self.uptime_s, 3),
+            "last_sweep_age_s": rounded(self.last_sweep_age_s),
+            "last_probe_age_s": rounded(self.last_probe_age_s),
+        }
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """Whether the service is up, apart from whether work is stuck: the store may not
+    answer, and this is still an answer (never a refusal)."""
+
+    instance: ThisInstance | None  # None: asked by the CLI, which serves nothing
+    backend: str
+    store_answers: bool
+    store_problem: str | None
+    now: float | None  # the store's clock, when it answered
+    replicas: tuple[Replica, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance.as_json() if self.instance else None,
+            "store": {
+                "backend": self.backend,
+                "answers": self.store_answers,
+                "problem": self.store_problem,
+                "now": self.now,
+            },
+            "replicas_window_s": REPLICAS_WINDOW_S,
+            "replicas": [replica.as_json() for replica in self.replicas],
+        }
+
+
+async def service_status(
+    store: Store, store_url: str, instance: ThisInstance | None = None
+) -> ServiceStatus:
+    backend = store_backend(store_url)
+    backend_name = backend.value if backend is not None else "unknown"
+    try:
+        now = await store.now()
+        replicas = await store.replicas(REPLICAS_WINDOW_S)
+    except StoreError as exc:
+        return ServiceStatus(instance, backend_name, False, str(exc), None, ())
+    return ServiceStatus(instance, backend_name, True, None, now, replicas)
+
+
+async def recent_leases(store: Store) -> RecentLeases:
+    """Live leases, and those expired or ended in the last RECENT_LEASES_WINDOW_S."""
+    return await store.recent_leases(RECENT_LEASES_WINDOW_S, RECENT_LEASES_LIMIT)
+
+
+def recent_leases_json(leases: RecentLeases) -> dict[str, Any]:
+    return {
+        "now": leases.now,
+        "window_s": RECENT_LEASES_WINDOW_S,
+        "live": [
+            {**lease.as_json(), "ttl_left_s": round(lease.expires_at - leases.now, 3)}
+            for lease in leases.live
+        ],
+        "recently_ended": [lease.as_json() for lease in leases.ended],
+    }

@@ -46,6 +46,8 @@ class Runtime:
     # goes back: the store's may, and buckets refill only with time that passed.
     acquire_rate: AcquireRate = field(default_factory=AcquireRate)
     quota_clock: Callable[[], float] = time.monotonic
+    # When this process started, on time.monotonic: the status page's uptime.
+    started: float = field(default_factory=time.monotonic)
 
     async def record_rejection(
         self,

@@ -30,6 +30,9 @@ log = logging.getLogger("fenceproxy.reconcile")
 POLL_INTERVAL_S = 0.2
 CLAIM_BATCH = 16
 SWEEP_INTERVAL_S = 1.0
+# How often an instance writes its row in `replicas` (the status page's service panel):
+# one small write every few seconds per replica, whatever the traffic.
+REPLICA_BEAT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,17 @@ async def probe_effect(
     policy: Policy,
     effect: EffectRecord,
     actor: str | None = None,
+    note: str | None = None,
 ) -> ProbeResult:
-    """Probe once and record what it proved; `actor` is who asked (None: the schedule)."""
+    """Probe once and record what it proved; `actor` is who asked (None: the schedule),
+    `note` why, kept after the detail of the answer."""
+
+    def noted(detail: str) -> str:
+        return detail if note is None else f"{detail} (asked because: {note})"
+
     route = policy.route_named(effect.route)
     if route is None or route.reconcile is None:
-        detail = "the route has no reconcile block: an operator must resolve this effect"
+        detail = noted("the route has no reconcile block: an operator must resolve this effect")
         recorded = await store.record_probe(
             effect.id,
             Event.PROBE_INCONCLUSIVE,
@@ -102,11 +111,12 @@ async def probe_effect(
     if verdict.conclusion is Conclusion.INCONCLUSIVE:
         attempts = effect.probe_attempts + (1 if counted else 0)
         retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, await store.now())
+    detail = noted(verdict.detail)
     recorded = await store.record_probe(
-        effect.id, verdict.event, status, verdict.detail, retry_at, counted=counted, actor=actor
+        effect.id, verdict.event, status, detail, retry_at, counted=counted, actor=actor
     )
-    log.info("probe of %s (%s): %s", effect.id, effect.resource, verdict.detail)
-    return ProbeResult(recorded, verdict.conclusion.value, verdict.detail)
+    log.info("probe of %s (%s): %s", effect.id, effect.resource, detail)
+    return ProbeResult(recorded, verdict.conclusion.value, detail)
 
 
 class Reconciler:
@@ -120,7 +130,12 @@ class Reconciler:
         deadline_margin_s: float,
         on_probe: Callable[[str], None] = lambda conclusion: None,
         on_failure: Callable[[], None] = lambda: None,
+        version: str = "unknown",
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`started` is when the process started on `clock` (a monotonic one): the
+        replica's row gives it, and the last sweep and probe, on the store's clock."""
         self.store = store
         self.session = session
         self.policy = policy
@@ -128,19 +143,25 @@ class Reconciler:
         self.on_probe = on_probe
         self.on_failure = on_failure
         self.wake = asyncio.Event()
+        self.version = version
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.last_sweep: float | None = None
+        self.last_probe: float | None = None
+        self.last_beat: float | None = None
 
     async def run(self) -> None:
-        last_sweep = 0.0
         failures = 0
         while True:
             try:
-                now = time.monotonic()
-                if now - last_sweep >= SWEEP_INTERVAL_S:
-                    last_sweep = now
+                now = self.clock()
+                if self.last_sweep is None or now - self.last_sweep >= SWEEP_INTERVAL_S:
                     swept = await self.store.recover(None, self.deadline_margin_s)
+                    self.last_sweep = now
                     if swept:
                         log.warning("effects past their deadline now UNKNOWN: %s", swept)
                 await self.probe_due()
+                await self.beat()
                 failures = 0
             except StoreUnavailable as exc:
                 failures += 1
@@ -160,6 +181,8 @@ class Reconciler:
         # Claim long enough for a probe to finish, so no other prober takes it meanwhile.
         longest = max((u.timeout_s for u in self.policy.upstreams.values()), default=5.0)
         due = await self.store.claim_due_probes(CLAIM_BATCH, claim_s=longest + 5.0)
+        if due:
+            self.last_probe = self.clock()
         results = await asyncio.gather(
             *(probe_effect(self.store, self.session, self.policy, e) for e in due),
             return_exceptions=True,
@@ -169,3 +192,18 @@ class Reconciler:
                 self.on_probe(result.conclusion)
             elif isinstance(result, Exception):
                 log.error("probe failed: %s", result)
+
+    async def beat(self) -> None:
+        """Write this instance's row in `replicas`, at most once per
+        REPLICA_BEAT_INTERVAL_S."""
+        now = self.clock()
+        if self.last_beat is not None and now - self.last_beat < REPLICA_BEAT_INTERVAL_S:
+            return
+
+        def age(instant: float | None) -> float | None:
+            return None if instant is None else now - instant
+
+        await self.store.record_replica(
+            self.version, now - self.started, age(self.last_sweep), age(self.last_probe)
+        )
+        self.last_beat = now

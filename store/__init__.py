@@ -14,6 +14,8 @@ from store.manager import (
     NewEffect,
     Purged,
     Receipt,
+    RecentLeases,
+    Replica,
     Store,
     StoreIdentity,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "NewEffect",
     "Purged",
     "Receipt",
+    "RecentLeases",
+    "Replica",
     "Store",
     "StoreError",
     "StoreIdentity",

@@ -166,6 +166,8 @@ DEFAULT_RETAIN_S = 86400.0
 # What one lease-advice read takes at most of each (the newest): bounded whatever the
 # store holds, and plenty for percentiles.
 MAX_ADVICE_ROWS = 100_000
+# How many replicas the status page lists: far more than any deployment runs.
+MAX_REPLICAS = 100
 
 # Told, once its transaction committed, how a lease ended (an Ending, or "came_back":
 # its holder showed it was alive after the lease expired), with the turn's length for
@@ -955,6 +957,143 @@ class Store:
             await tx.one("ping")
 
         await self.connector.read(operation)
+
+    # -- the status page (issue 12) ------------------------------------------
+
+    async def record_replica(
+        self, version: str, up_s: float, sweep_age_s: float | None, probe_age_s: float | None
+    ) -> None:
+        """This instance's row in `replicas`, seen now by the store's clock; the other
+        instants are given as ages, so they land on the same clock."""
+
+        async def operation(tx: Tx) -> None:
+            def ago(age_s: float | None) -> float | None:
+                return None if age_s is None else tx.now - age_s
+
+            await tx.execute(
+                "record_replica",
+                instance_id=self.instance_id,
+                version=version,
+                started_at=tx.now - up_s,
+                now=tx.now,
+                last_sweep_at=ago(sweep_age_s),
+                last_probe_at=ago(probe_age_s),
+            )
+
+        await self.connector.write(operation)
+
+    async def replicas(self, within_s: float, limit: int = MAX_REPLICAS) -> tuple[Replica, ...]:
+        """The instances that wrote their row in the last `within_s` seconds."""
+
+        async def operation(tx: Tx) -> tuple[Replica, ...]:
+            rows = await tx.all("replicas_seen", since=tx.now - within_s, limit=limit)
+            return tuple(
+                Replica(
+                    instance_id=str(row["instance_id"]),
+                    version=str(row["version"]),
+                    started_at=float(row["started_at"]),
+                    seen_at=float(row["seen_at"]),
+                    last_sweep_at=_float_or_none(row["last_sweep_at"]),
+                    last_probe_at=_float_or_none(row["last_probe_at"]),
+                )
+                for row in rows
+            )
+
+        return await self.connector.read(operation)
+
+    async def recent_leases(self, within_s: float, limit: int) -> RecentLeases:
+        """Leases nobody ended yet, and those granted in the last `within_s` seconds
+        that have expired or ended since, at most `limit` of each."""
+
+        async def operation(tx: Tx) -> RecentLeases:
+            current = await tx.all("unended_leases", limit=limit)
+            ended = await tx.all(
+                "leases_ended_since", since=tx.now - within_s, now=tx.now, limit=limit
+            )
+            return RecentLeases(
+                live=tuple(_lease_entry(row) for row in current if row["expires_at"] > tx.now),
+                ended=tuple(
+                    _lease_entry(row)
+                    for row in sorted(
+                        [row for row in current if row["expires_at"] <= tx.now] + ended,
+                        key=lambda row: float(row["expires_at"]),
+                        reverse=True,
+                    )[:limit]
+                ),
+                now=tx.now,
+            )
+
+        return await self.connector.read(operation)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A proxy instance as its last row in `replicas` tells (store clock seconds)."""
+
+    instance_id: str
+    version: str
+    started_at: float
+    seen_at: float
+    last_sweep_at: float | None
+    last_probe_at: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "version": self.version,
+            "started_at": self.started_at,
+            "seen_at": self.seen_at,
+            "last_sweep_at": self.last_sweep_at,
+            "last_probe_at": self.last_probe_at,
+        }
+
+
+@dataclass(frozen=True)
+class LeaseEntry:
+    resource: str
+    epoch: int
+    holder: str
+    client: str | None
+    granted_at: float
+    expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+    # The holder showed it was alive after the lease expired: a false expiry.
+    came_back_at: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "epoch": self.epoch,
+            "holder": self.holder,
+            "client": self.client,
+            "granted_at": self.granted_at,
+            "expires_at": self.expires_at,
+            "ended_at": self.ended_at,
+            "end_reason": self.end_reason,
+            "came_back_at": self.came_back_at,
+        }
+
+
+@dataclass(frozen=True)
+class RecentLeases:
+    live: tuple[LeaseEntry, ...]  # latest expiry first
+    ended: tuple[LeaseEntry, ...]  # expired or ended lately, latest expiry first
+    now: float
+
+
+def _lease_entry(row: Row) -> LeaseEntry:
+    return LeaseEntry(
+        resource=str(row["resource"]),
+        epoch=int(row["epoch"]),
+        holder=str(row["holder"]),
+        client=row["client"],
+        granted_at=float(row["granted_at"]),
+        expires_at=float(row["expires_at"]),
+        ended_at=_float_or_none(row["ended_at"]),
+        end_reason=row["end_reason"],
+        came_back_at=_float_or_none(row["came_back_at"]),
+    )
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -376,3 +376,30 @@ UPDATE store_identity SET fenced_at = :now
 -- A write that proves the store takes writes (readyz); one row per instance.
 INSERT INTO heartbeats (instance_id, at) VALUES (:instance_id, :now)
 ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
+
+-- record_replica --
+-- The status page's view of this instance (issue 12), from the reconciler's loop.
+INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at)
+VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at)
+ON CONFLICT (instance_id) DO UPDATE SET
+    version = excluded.version, started_at = excluded.started_at, seen_at = excluded.seen_at,
+    last_sweep_at = excluded.last_sweep_at, last_probe_at = excluded.last_probe_at
+
+-- replicas_seen --
+-- The instances that wrote their row since :since (replicas_by_seen), latest first.
+SELECT instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at
+FROM replicas WHERE seen_at >= :since ORDER BY seen_at DESC LIMIT :limit
+
+-- unended_leases --
+-- Leases nobody ended yet (live, or expired and not yet taken over), soonest expiry
+-- last; at most one per resource.
+SELECT resource, epoch, holder, client, granted_at, expires_at, ended_at, end_reason,
+       came_back_at
+FROM leases WHERE ended_at IS NULL ORDER BY expires_at DESC LIMIT :limit
+
+-- leases_ended_since --
+-- Leases granted since :since (leases_by_grant) that have expired or ended by :now.
+SELECT resource, epoch, holder, client, granted_at, expires_at, ended_at, end_reason,
+       came_back_at
+FROM leases WHERE granted_at >= :since AND (ended_at IS NOT NULL OR expires_at <= :now)
+ORDER BY granted_at DESC LIMIT :limit

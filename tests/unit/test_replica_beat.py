@@ -1,0 +1,71 @@
+"""Each instance writes its row in `replicas` (the status page's service panel) from
+the reconciler's loop, at most once per REPLICA_BEAT_INTERVAL_S, with its instants
+as ages so that the store puts them on its own clock (reconcile/prober.py)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import aiohttp
+
+from policies import Policy
+from reconcile.prober import REPLICA_BEAT_INTERVAL_S, Reconciler
+from store import Store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Rows:
+    """A store's `record_replica`: keeps what each write was given."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, float, float | None, float | None]] = []
+
+    async def record_replica(
+        self, version: str, up_s: float, sweep_age_s: float | None, probe_age_s: float | None
+    ) -> None:
+        self.written.append((version, up_s, sweep_age_s, probe_age_s))
+
+
+def _reconciler(rows: Rows, clock: Clock) -> Reconciler:
+    # beat() touches nothing but the store's record_replica.
+    return Reconciler(
+        cast(Store, rows),
+        cast(aiohttp.ClientSession, None),
+        cast(Policy, None),
+        1.0,
+        version="1.2.3",
+        started=clock.now - 30.0,
+        clock=clock,
+    )
+
+
+async def test_one_row_write_per_interval_whatever_the_rounds() -> None:
+    rows, clock = Rows(), Clock()
+    reconciler = _reconciler(rows, clock)
+    await reconciler.beat()
+    for _ in range(10):  # the loop's rounds come every 0.2 s
+        clock.now += REPLICA_BEAT_INTERVAL_S / 20
+        await reconciler.beat()
+    assert len(rows.written) == 1
+    clock.now += REPLICA_BEAT_INTERVAL_S / 2
+    await reconciler.beat()
+    assert len(rows.written) == 2
+
+
+async def test_the_row_carries_uptime_and_the_ages_of_the_last_sweep_and_probe() -> None:
+    rows, clock = Rows(), Clock()
+    reconciler = _reconciler(rows, clock)
+    await reconciler.beat()
+    assert rows.written == [("1.2.3", 30.0, None, None)]
+    reconciler.last_sweep = clock.now - 0.5
+    reconciler.last_probe = clock.now - 4.0
+    clock.now += REPLICA_BEAT_INTERVAL_S
+    await reconciler.beat()
+    assert rows.written[-1] == ("1.2.3", 30.0 + REPLICA_BEAT_INTERVAL_S, 5.5, 9.0)
