@@ -395,6 +395,12 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "properties": {
                         "resource": RESOURCE,
                         "epoch": {"type": "integer", "minimum": 0},
+                        "next_epoch": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "the epoch the next acquire or revoke gets: "
+                            "epoch + 1, or above the floor `store fence-restore` set",
+                        },
                         "holder": {"type": ["string", "null"]},
                         "client": _CLIENT_NAME,
                         "expires_at": {"type": ["number", "null"]},
@@ -586,6 +592,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                             ErrorCode.EFFECT_IN_FLIGHT,
                             ErrorCode.EFFECT_SETTLED,
                             ErrorCode.CONFLICTING_EVIDENCE,
+                            ErrorCode.NO_PROBE,
                         ],
                     ),
                 }
