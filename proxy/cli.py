@@ -33,6 +33,7 @@ from proxy.auth import KeyProblem, exposure_warning, missing_keys
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
+from proxy.runtime import RUNTIME
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, open_store
 from store.files import backup_sqlite, schema_versions
@@ -302,6 +303,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except KeyProblem as exc:
         raise CommandError(f"{args.config}: {exc}") from None
+    app[RUNTIME].grace_s = args.grace
     _check_free(policy.listen.host, policy.listen.port, "--port N (or listen.port)")
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen
