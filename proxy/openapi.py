@@ -689,6 +689,18 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     ),
                 }
             },
+            "/_fence/v1/openapi.json": {
+                "get": {
+                    "summary": "this document",
+                    "responses": _responses(
+                        {
+                            "200": _json(
+                                {"type": "object"}, "the OpenAPI document of the control API"
+                            )
+                        },
+                    ),
+                }
+            },
             "/_fence/healthz": {
                 "get": {
                     "responses": _responses(
