@@ -2,9 +2,9 @@
 
 Both run as child processes with their output in state/*.log. If either dies,
 its log tail is printed and this exits non-zero. `make run PORT=8181
-UPSTREAM_PORT=9101` (or those environment variables) moves them: the example is
-then run from state/fenceproxy.yaml, a copy pointing at the chosen upstream port
-(the proxy's port is given to `serve --port`).
+UPSTREAM_PORT=9101` (or those environment variables) moves them. The example runs
+as state/fenceproxy.yaml, a copy pointing at the chosen upstream port and at the
+store in the state directory (the proxy's port is given to `serve --port`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ What the upstream really received, from its own records:
 
 Admin calls take -H "Authorization: Bearer {admin_token_hint}".
 The walkthrough in README.md goes on from here.
+The CLI: export FENCEPROXY_CONFIG={state_dir / "fenceproxy.yaml"}; .venv/bin/fenceproxy --help
 Logs: {state_dir}/*.log. Ctrl-C stops both processes.
 """
 
@@ -92,10 +93,11 @@ def _busy(port: int) -> bool:
 
 
 def _config_for(upstream_port: int, state_dir: Path) -> Path:
-    """config/example.yaml itself when it fits, else a copy with the upstream's port
-    and the store in `state_dir`."""
-    if upstream_port == DEFAULT_UPSTREAM_PORT and state_dir == PROJECT_ROOT / "state":
-        return EXAMPLE_CONFIG
+    """config/example.yaml as run: the chosen upstream port, the store in `state_dir`.
+
+    Written to `state_dir`/fenceproxy.yaml, so that the CLI reads the same store and
+    probes the same upstream as the proxy (`--config state/fenceproxy.yaml`).
+    """
     text = EXAMPLE_CONFIG.read_text(encoding="utf-8")
     for example, chosen in (
         (EXAMPLE_UPSTREAM_URL, f"http://127.0.0.1:{upstream_port}"),
@@ -104,9 +106,13 @@ def _config_for(upstream_port: int, state_dir: Path) -> Path:
         if text.count(example) != 1:
             raise RuntimeError(f"{EXAMPLE_CONFIG} no longer has {example} exactly once")
         text = text.replace(example, chosen)
-    copy = state_dir / "fenceproxy.yaml"
-    copy.write_text(text, encoding="utf-8")
-    return copy
+    written = state_dir / "fenceproxy.yaml"
+    written.write_text(
+        f"# Written by `make run` from {EXAMPLE_CONFIG.name} (overwritten at every start).\n"
+        + text,
+        encoding="utf-8",
+    )
+    return written
 
 
 def main() -> int:
