@@ -322,16 +322,24 @@ def _serve(args: argparse.Namespace) -> int:
         f"{_metrics_note(policy)}{_tls_summary(policy)})",
         flush=True,
     )
-    web.run_app(
-        app,
-        host=policy.listen.host,
-        port=policy.listen.port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=args.grace,
-        ssl_context=server_context(tls) if tls is not None else None,
-        **server_options(policy),
-    )
+    try:
+        web.run_app(
+            app,
+            host=policy.listen.host,
+            port=policy.listen.port,
+            print=None,
+            access_log=None,
+            shutdown_timeout=args.grace,
+            ssl_context=server_context(tls) if tls is not None else None,
+            **server_options(policy),
+        )
+    except OSError as exc:
+        # Taken between the check above and the bind: still one line, not a traceback.
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        raise CommandError(
+            f"{exc.strerror}; choose another with --port N (or listen.port)"
+        ) from None
     return 0
 
 

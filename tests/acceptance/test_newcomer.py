@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from demo.upstream import demo_upstream_argv
+from proxy import cli as proxy_cli
 from store.queries import load_migrations
 from support.processes import ManagedProcess, free_port
 from tests.acceptance.test_cli import EXAMPLE, RESOURCE, Cli
@@ -315,3 +316,23 @@ def test_store_backup_never_overwrites(cli: Cli, tmp_path: Path) -> None:
     assert result.code == 1
     assert "exists" in result.one_line_error()
     assert existing.read_bytes() == b"keep me"
+
+
+def test_serve_losing_the_port_after_the_check_is_still_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port is taken between the check and the bind (another process was quicker):
+    the bind's own error, in one line. The race is made certain by skipping the check."""
+    config = configured(tmp_path)
+    monkeypatch.setattr(proxy_cli, "_check_free", lambda host, port, how_to_change: None)
+    with busy_port() as taken, pytest.raises(SystemExit) as exited:
+        proxy_cli.main(
+            [
+                *("serve", "--config", str(config), "--port", str(taken)),
+                *("--state-dir", str(tmp_path / "state")),
+            ]
+        )
+    assert exited.value.code == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("fenceproxy: error while attempting to bind on address ")
+    assert f"{taken}): address already in use; choose another with --port N" in error
