@@ -12,8 +12,12 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]' -e ./client
 	touch $(STAMP)
 
+# `make run PORT=8181 UPSTREAM_PORT=9101` (or PORT=... in the environment) moves the
+# proxy and the demo upstream off 8080 and 9001.
+PORT ?= 8080
+UPSTREAM_PORT ?= 9001
 run: $(STAMP)
-	$(PY) -m demo.run_example
+	@$(PY) -m demo.run_example --port $(PORT) --upstream-port $(UPSTREAM_PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     REQUEST_IN_PROGRESS = "request_in_progress"
     LEASE_TOO_SHORT = "lease_too_short"
     CONFLICTING_EVIDENCE = "conflicting_evidence"
+    NO_PROBE = "no_probe"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     HEADERS_TOO_LARGE = "headers_too_large"
     URI_TOO_LONG = "uri_too_long"
@@ -148,6 +149,12 @@ _PROBLEMS = {
         "Conflicting evidence about an effect",
         "an effect's evidence contradicts its settled state; the resource is blocked until an "
         "operator resolves it (a probe of it is refused)",
+    ),
+    ErrorCode.NO_PROBE: _Problem(
+        409,
+        "Route has no probe",
+        "probe of an effect whose route has no `reconcile` block: nothing can be asked, "
+        "an operator resolves it; nothing is recorded",
     ),
     ErrorCode.REQUEST_TIMEOUT: _Problem(
         408,

@@ -655,7 +655,19 @@ _ROUTE_KEYS = {
 }
 
 
-def _parse_route(node: Node, problems: Problems, upstreams: dict[str, Upstream]) -> Route | None:
+@dataclass(frozen=True)
+class _Matcher:
+    """What a route matches, for the ambiguity check."""
+
+    name: str
+    methods: frozenset[str]
+    path: PathTemplate
+    node: Node
+
+
+def _parse_route(
+    node: Node, problems: Problems, upstreams: dict[str, Upstream], matchers: list[_Matcher]
+) -> Route | None:
     spec = Mapping(node, problems, _ROUTE_KEYS)
     if not spec.valid:
         return None
@@ -670,6 +682,8 @@ def _parse_route(node: Node, problems: Problems, upstreams: dict[str, Upstream])
             f"upstream {upstream_name!r} is not defined (defined: {defined})",
         )
     methods, path = _parse_match(spec, problems)
+    if methods and path is not None:
+        matchers.append(_Matcher(name or node.key, methods, path, node))
     fenced = spec.choice("fence", ("required", "none"), "required") == "required"
     resource = None
     resource_raw = spec.text("resource", default=None)
@@ -780,8 +794,11 @@ def _parse_routes(
         return ()
     routes: list[tuple[Route, Node]] = []
     names: dict[str, int] = {}
+    # Every route whose match parsed, valid or not otherwise: an ambiguity is reported
+    # with the file's other problems, not only once they are fixed.
+    matchers: list[_Matcher] = []
     for element in node.elements():
-        route = _parse_route(element, problems, upstreams)
+        route = _parse_route(element, problems, upstreams, matchers)
         if route is None:
             continue
         if route.name in names:
@@ -790,16 +807,18 @@ def _parse_routes(
                 f"route name {route.name!r} is already used on line {names[route.name]}",
             )
         names.setdefault(route.name, element.line)
-        for earlier, earlier_node in routes:
-            shared = route.methods & earlier.methods
-            witness = route.path.overlaps(earlier.path) if shared else None
+        routes.append((route, element))
+    for index, matcher in enumerate(matchers):
+        for earlier in matchers[:index]:
+            shared = matcher.methods & earlier.methods
+            witness = matcher.path.overlaps(earlier.path) if shared else None
             if witness is not None:
                 problems.add(
-                    element,
-                    f"route {route.name!r} and route {earlier.name!r} (line {earlier_node.line}) "
-                    f"both match {sorted(shared)[0]} {witness}; matching would be ambiguous",
+                    matcher.node,
+                    f"route {matcher.name!r} and route {earlier.name!r} (line "
+                    f"{earlier.node.line}) both match {sorted(shared)[0]} {witness}; "
+                    "matching would be ambiguous",
                 )
-        routes.append((route, element))
     if not routes and not problems:
         problems.add(node, "at least one route is needed")
     return tuple(route for route, _ in routes)

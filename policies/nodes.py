@@ -135,7 +135,11 @@ class Mapping:
     def child(self, name: str, required: bool = False) -> Node | None:
         found = self.children.get(name)
         if found is None and required and self.valid:
-            self.problems.add(self.node, f"missing required key '{name}'")
+            # The key path names the missing key itself (`upstreams`, `listen.port`).
+            path = f"{self.node.key}.{name}" if self.node.key else name
+            self.problems.items.append(
+                Problem(self.node.line, path, f"missing required key '{name}'")
+            )
         return found
 
     def text(self, name: str, default: Any = _MISSING) -> Any:

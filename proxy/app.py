@@ -94,12 +94,25 @@ def build_app(
     )
     if policy.metrics_listen is not None:
         app.cleanup_ctx.append(_metrics_listener_ctx)
+    app.on_shutdown.append(_log_stop)
     control.add_routes(app, metrics=policy.metrics_listen is None)
     ui.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
     app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
     return app
+
+
+async def _log_stop(app: web.Application) -> None:
+    """The listener has just closed: say what the stop waits for, and for how long."""
+    runtime = app[RUNTIME]
+    runtime.stopping = True
+    log.info(
+        "stopping: listener closed; %d proxied request(s) in flight, waiting up to %g s "
+        "for them to finish",
+        runtime.requests_in_flight,
+        runtime.grace_s,
+    )
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -276,6 +289,16 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
     runtime.requests_in_flight += 1
     try:
         return await handler(request)
+    except asyncio.CancelledError:
+        if runtime.stopping:
+            log.warning(
+                "stopping: the %g s grace is over; %s %s was cut off (a write it had sent "
+                "is in doubt: UNKNOWN, its resource blocked)",
+                runtime.grace_s,
+                request.method,
+                request.path,
+            )
+        raise
     finally:
         runtime.requests_in_flight -= 1
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import errno
 import getpass
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,8 +33,10 @@ from proxy.auth import KeyProblem, exposure_warning, missing_keys
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
+from proxy.runtime import RUNTIME
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, open_store
+from store.files import backup_sqlite, schema_versions
 
 T = TypeVar("T")
 
@@ -92,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     serve = command("serve", _serve, "run the proxy")
+    serve.add_argument("--host", help="listen on this address instead of the file's listen.host")
+    serve.add_argument(
+        "--port", type=_port, help="listen on this port instead of the file's listen.port"
+    )
     serve.add_argument(
         "--grace",
         type=_positive_seconds,
@@ -166,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
     store = commands.add_parser("store", help="the store's schema and backups")
     store_commands = store.add_subparsers(metavar="ACTION", required=True)
     migrate = store_commands.add_parser("migrate", help="apply missing schema migrations")
+    backup = store_commands.add_parser(
+        "backup",
+        help="copy a SQLite store to FILE, consistently, while proxies run (PostgreSQL: pg_dump)",
+    )
+    backup.add_argument("file", help="the copy to write (must not exist)")
     restore = store_commands.add_parser(
         "fence-restore",
         help="after restoring the store from a backup: advance every epoch past anything "
@@ -179,7 +193,11 @@ def _parser() -> argparse.ArgumentParser:
         "the acquisitions and revocations any one resource saw since the backup",
     )
     restore.add_argument("--yes", action="store_true", help="do it (every token dies)")
-    for sub, run in ((migrate, _store_migrate), (restore, _store_fence_restore)):
+    for sub, run in (
+        (migrate, _store_migrate),
+        (backup, _store_backup),
+        (restore, _store_fence_restore),
+    ):
         _store_options(sub)
         sub.set_defaults(run=run)
 
@@ -205,6 +223,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print JSON for programs")
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1-65535: {text!r}")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -254,6 +282,13 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]])
 
 def _serve(args: argparse.Namespace) -> int:
     policy = _policy(args)
+    # Two replicas on one host differ only in their listener: one file serves both.
+    listen = dataclasses.replace(
+        policy.listen,
+        host=args.host if args.host is not None else policy.listen.host,
+        port=args.port if args.port is not None else policy.listen.port,
+    )
+    policy = dataclasses.replace(policy, listen=listen)
     admin_token = os.environ.get(policy.admin_token_env) if policy.admin_token_env else None
     next_env = policy.admin_token_next_env
     admin_token_next = os.environ.get(next_env) if next_env else None
@@ -274,6 +309,11 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except KeyProblem as exc:
         raise CommandError(f"{args.config}: {exc}") from None
+    app[RUNTIME].grace_s = args.grace
+    _check_free(policy.listen.host, policy.listen.port, "--port N (or listen.port)")
+    if policy.metrics_listen is not None:
+        metrics = policy.metrics_listen
+        _check_free(metrics.host, metrics.port, "metrics_listen.port")
     warning = exposure_warning(policy)
     if warning is not None:
         print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
@@ -288,17 +328,47 @@ def _serve(args: argparse.Namespace) -> int:
         f"{_metrics_note(policy)}{_tls_summary(policy)})",
         flush=True,
     )
-    web.run_app(
-        app,
-        host=policy.listen.host,
-        port=policy.listen.port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=args.grace,
-        ssl_context=server_context(tls) if tls is not None else None,
-        **server_options(policy),
-    )
+    try:
+        web.run_app(
+            app,
+            host=policy.listen.host,
+            port=policy.listen.port,
+            print=None,
+            access_log=None,
+            shutdown_timeout=args.grace,
+            ssl_context=server_context(tls) if tls is not None else None,
+            **server_options(policy),
+        )
+    except OSError as exc:
+        # Taken between the check above and the bind: still one line, not a traceback.
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        raise CommandError(
+            f"{exc.strerror}; choose another with --port N (or listen.port)"
+        ) from None
     return 0
+
+
+def _check_free(host: str, port: int, how_to_change: str) -> None:
+    """Refuse in one line, before anything starts, a listener that cannot bind.
+
+    The probe binds as aiohttp will (SO_REUSEADDR, so a port left in TIME_WAIT by
+    the previous run still counts as free) and lets go at once.
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = addresses[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {why}; choose another with {how_to_change}"
+            ) from None
 
 
 def _tls_summary(policy: Policy) -> str:
@@ -354,10 +424,10 @@ def _leases_show(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            [str(data[key]) for key in ("epoch", "holder", "client", "live", "blocked")]
-            + [_when(view.expires_at), ",".join(view.in_doubt) or "-"]
+            [str(data[key]) for key in ("epoch", "next_epoch", "holder", "client", "live")]
+            + [str(data["blocked"]), _when(view.expires_at), ",".join(view.in_doubt) or "-"]
         ],
-        ["epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
+        ["epoch", "next_epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
     )
     return 0
 
@@ -553,11 +623,30 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _store_migrate(args: argparse.Namespace) -> int:
+    policy = _policy(args)
+    before = asyncio.run(schema_versions(policy.store))
     # Opening the store applies what is missing (under a lock on PostgreSQL).
     _with_store(args, lambda store: store.ping())
+    after = asyncio.run(schema_versions(policy.store))
+    version = max(after)
+    applied = sorted(after - before)
+    if not before:
+        said = f"created schema version {version}"
+    elif applied:
+        said = f"applied {', '.join(map(str, applied))}: schema version {version}"
+    else:
+        said = f"up to date (schema version {version})"
+    data = {"store": policy.store, "version": version, "applied": applied, "created": not before}
+    _print(args, data, [[policy.store, said]], ["store", "schema"])
+    return 0
+
+
+def _store_backup(args: argparse.Namespace) -> int:
     policy = _policy(args)
-    data = {"store": policy.store, "migrated": True}
-    _print(args, data, [[policy.store, "up to date"]], ["store", "schema"])
+    target = Path(args.file)
+    backup_sqlite(policy.store, target)
+    data = {"store": policy.store, "backup": str(target), "bytes": target.stat().st_size}
+    _print(args, data, [[str(v) for v in data.values()]], list(data))
     return 0
 
 

@@ -471,6 +471,12 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "properties": {
                         "resource": RESOURCE,
                         "epoch": {"type": "integer", "minimum": 0},
+                        "next_epoch": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "the epoch the next acquire or revoke gets: "
+                            "epoch + 1, or above the floor `store fence-restore` set",
+                        },
                         "holder": {"type": ["string", "null"]},
                         "client": _CLIENT_NAME,
                         "expires_at": {"type": ["number", "null"]},
@@ -668,6 +674,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                             ErrorCode.EFFECT_IN_FLIGHT,
                             ErrorCode.EFFECT_SETTLED,
                             ErrorCode.CONFLICTING_EVIDENCE,
+                            ErrorCode.NO_PROBE,
                         ],
                     ),
                 }
@@ -784,6 +791,18 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "responses": _responses(
                         {"200": _json(_recent_leases_schema(), "the leases")},
                         _GUARDED,
+                    ),
+                }
+            },
+            "/_fence/v1/openapi.json": {
+                "get": {
+                    "summary": "this document",
+                    "responses": _responses(
+                        {
+                            "200": _json(
+                                {"type": "object"}, "the OpenAPI document of the control API"
+                            )
+                        },
                     ),
                 }
             },

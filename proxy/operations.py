@@ -307,6 +307,16 @@ async def probe(
     if effect is None:
         raise _not_found(effect_id)
     check_probeable(effect)
+    route = policy.route_named(effect.route)
+    if route is None or route.reconcile is None:
+        # The schedule records that no probe exists and leaves the effect to an operator;
+        # asked by hand, it is refused outright, and no attempt is counted.
+        raise OperationRefused(
+            ErrorCode.NO_PROBE,
+            f"the route {effect.route!r} has no reconcile block, so there is nothing to ask; "
+            "an operator settles the effect with `reconcile resolve`",
+            {"effect_id": effect.id, "route": effect.route},
+        )
     return await probe_effect(store, session, policy, effect, actor, note)
 
 

@@ -35,6 +35,11 @@ class Runtime:
     pools: UpstreamPools | None = None
     # Proxied requests being handled now, against `policy.limits.max_requests`.
     requests_in_flight: int = 0
+    # How long a stop waits for them (`serve --grace`); said in the stop's log lines.
+    grace_s: float = 10.0
+    # Set once the listener has closed for a stop: a request cancelled from then on
+    # was cut off by the end of the grace.
+    stopping: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None

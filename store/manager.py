@@ -112,11 +112,15 @@ class LeaseView:
     blocked: bool
     in_doubt: tuple[str, ...]
     client: str | None = None
+    # What the next acquire or revoke gets: above `epoch`, and after fence-restore above
+    # the floor too, so a resource never leased shows epoch 0 yet starts above the floor.
+    next_epoch: int = 1
 
     def as_json(self) -> dict[str, Any]:
         return {
             "resource": self.resource,
             "epoch": self.epoch,
+            "next_epoch": self.next_epoch,
             "holder": self.holder,
             "client": self.client,
             "expires_at": self.expires_at,
@@ -392,6 +396,7 @@ class Store:
                 live=bool(current and current.live(tx.now)),
                 blocked=bool(state.blocking()),
                 in_doubt=state.blocking(),
+                next_epoch=state.next_epoch(),
             )
 
         return await self.connector.read(operation)

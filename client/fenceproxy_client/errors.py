@@ -128,6 +128,10 @@ class ConflictingEvidence(FenceError):
     code = "conflicting_evidence"
 
 
+class NoProbe(FenceError):
+    code = "no_probe"
+
+
 class PayloadTooLarge(FenceError):
     code = "payload_too_large"
 

@@ -158,6 +158,7 @@ def test_leases_show_on_a_fresh_store_is_epoch_0(cli: Cli, config: Path) -> None
     assert result.json() == {
         "resource": RESOURCE,
         "epoch": 0,
+        "next_epoch": 1,
         "holder": None,
         "client": None,
         "expires_at": None,
@@ -173,6 +174,7 @@ def test_leases_show_prints_a_table_for_people(cli: Cli, config: Path) -> None:
     header, row = result.out.splitlines()
     assert header.split() == [
         "epoch",
+        "next_epoch",
         "holder",
         "client",
         "live",
@@ -180,7 +182,7 @@ def test_leases_show_prints_a_table_for_people(cli: Cli, config: Path) -> None:
         "expires_at",
         "in_doubt",
     ]
-    assert row.split()[0] == "0"
+    assert row.split()[:2] == ["0", "1"]
 
 
 def test_revoke_advances_the_epoch_and_it_persists_across_processes(cli: Cli, config: Path) -> None:

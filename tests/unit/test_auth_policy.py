@@ -95,7 +95,9 @@ def test_empty_scopes_rights_and_client_lists_are_refused() -> None:
     no_rights = '{name: c, key_env: K, resources: ["*"], may: []}'
     assert_single_problem(with_clients(no_rights), 15, "auth.clients[0].may", "at least one")
     assert_single_problem(with_text("auth: {clients: []}"), 13, "auth.clients", "at least one")
-    assert_single_problem(with_text("auth: {}"), 13, "auth", "missing required key 'clients'")
+    assert_single_problem(
+        with_text("auth: {}"), 13, "auth.clients", "missing required key 'clients'"
+    )
 
 
 def test_the_admin_tokens_name_is_reserved() -> None:
@@ -120,7 +122,7 @@ def test_metrics_cannot_share_the_main_listener() -> None:
         with_text("metrics_listen: {port: 70000}"), 13, "metrics_listen.port", "not a TCP port"
     )
     assert_single_problem(
-        with_text("metrics_listen: {host: 127.0.0.1}"), 13, "metrics_listen", "'port'"
+        with_text("metrics_listen: {host: 127.0.0.1}"), 13, "metrics_listen.port", "'port'"
     )
 
 

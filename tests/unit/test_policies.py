@@ -516,6 +516,18 @@ def test_catch_all_beside_a_specific_route_is_ambiguous() -> None:
     assert problems[0].message.endswith("matching would be ambiguous")
 
 
+def test_ambiguous_routes_are_reported_with_the_files_other_problems() -> None:
+    text = CATCH_ALL_FIRST.replace('upstreams: {s: {url: "http://127.0.0.1:9001"}}\n', "")
+    problems = problems_of(text)
+    assert [(p.line, p.key) for p in problems] == [
+        (1, "upstreams"),
+        (3, "routes[0].upstream"),
+        (4, "routes[1]"),
+        (4, "routes[1].upstream"),
+    ]
+    assert problems[2].message.endswith("matching would be ambiguous")
+
+
 def test_two_parameter_names_for_one_path_shape_are_ambiguous() -> None:
     text = with_text(
         "  - name: place-order-again",
@@ -634,11 +646,11 @@ def test_version_as_a_string_is_refused() -> None:
     assert_single_problem(text, 1, "version", "only version 1 is known, got '1'")
 
 
-def test_missing_required_sections_are_each_reported_at_the_root() -> None:
+def test_missing_required_sections_are_each_reported_at_the_root_by_name() -> None:
     problems = problems_of("version: 1\n")
     assert [(p.line, p.key, p.message) for p in problems] == [
-        (1, "", "missing required key 'upstreams'"),
-        (1, "", "missing required key 'routes'"),
+        (1, "routes", "missing required key 'routes'"),
+        (1, "upstreams", "missing required key 'upstreams'"),
     ]
 
 
@@ -863,7 +875,7 @@ def test_reconcile_without_not_committed_statuses() -> None:
     assert_single_problem(
         with_route_keys(*RECONCILE[:-1]),
         15,  # a block's own problems point at its first line
-        "routes[0].reconcile",
+        "routes[0].reconcile.not_committed",
         "missing required key 'not_committed'",
     )
 

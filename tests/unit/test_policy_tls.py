@@ -146,7 +146,7 @@ def test_a_listener_file_that_does_not_load_is_named_with_its_line(
 
 def test_the_key_is_required(certificates: tuple[TestCA, Issued, Issued]) -> None:
     path = write_policy(folder_of(certificates), ("cert: tls/server.pem",))
-    assert_single_problem(path, TLS_LINE, "listen.tls", "missing required key 'key'")
+    assert_single_problem(path, TLS_LINE, "listen.tls.key", "missing required key 'key'")
 
 
 def test_an_encrypted_key_is_refused_without_asking_for_a_passphrase(

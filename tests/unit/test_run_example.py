@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from demo.run_example import PROXY_URL, what_to_try
+from pathlib import Path
+
+from demo.run_example import what_to_try
 
 
-def test_make_run_prints_the_status_page_url() -> None:
-    text = what_to_try("demo-admin-token")
-    assert f"{PROXY_URL}/_fence/ui/" in text
+def test_make_run_prints_the_status_page_url_on_its_port() -> None:
+    text = what_to_try("demo-admin-token", 8181, 9101, Path("state"))
+    assert "http://127.0.0.1:8181/_fence/ui/" in text
     assert "demo-admin-token" in text

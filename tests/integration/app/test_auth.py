@@ -18,6 +18,7 @@ import pytest
 from proxy.auth import KeyProblem
 from tests.integration.app.conftest import (
     ADMIN_TOKEN,
+    PROBE_BY_KEY,
     Fence,
     FenceFactory,
     Json,
@@ -290,9 +291,13 @@ async def test_an_operator_acts_only_on_its_resources(guarded: Fence) -> None:
     assert (await lease_view(guarded, "rules:r1"))["epoch"] == 1
 
 
-async def test_probe_and_resolve_record_the_clients_name(guarded: Fence) -> None:
+async def test_probe_and_resolve_record_the_clients_name(make_fence: FenceFactory) -> None:
+    # A route with a probe (one without is refused before anyone is asked), and a write
+    # that never landed: inside the settle window its probe stays inconclusive.
+    guarded = await make_fence(top_level=AUTH, reconcile=PROBE_BY_KEY)
     lease = await granted(guarded, "supplier:widget")
-    effect_id = await unknown_order(guarded, "widget", lease["token"], "k-1")
+    failed = await guarded.order("widget", lease["token"], "k-1", headers={"Demo-Status": "503"})
+    effect_id = (await assert_problem(failed, 504, "outcome_unknown"))["effect_id"]
     reader_probe = await guarded.client.post(
         f"/_fence/v1/effects/{effect_id}/probe", headers=bearer(READER_KEY)
     )

@@ -164,22 +164,47 @@ async def test_probe_of_a_request_in_flight_is_refused_and_records_nothing(
 
 
 async def test_probe_sweeps_first_so_an_overdue_effect_is_probed(
-    store: Store, clock: FakeClock, policy: Policy, session: aiohttp.ClientSession
+    store: Store, clock: FakeClock, store_url: str, session: aiohttp.ClientSession
 ) -> None:
     effect_id = await dispatching(store)
     clock.advance(PAST_DEADLINE_S)  # no proxy is running to sweep it
+    # A probe of an upstream that is down: asked, and inconclusive.
+    probed = parse_policy(
+        policy_yaml(
+            store_url,
+            f"http://127.0.0.1:{closed_port()}",
+            reconcile='{probe: {method: GET, path: "/orders/by-key/{idempotency_key}"}, '
+            'committed: ["200"], not_committed: ["404"], settle_s: 1, attempts: 5}',
+        )
+    )
 
-    result = await operations.probe(store, session, policy, effect_id)
+    result = await operations.probe(store, session, probed, effect_id)
 
-    assert result.conclusion == "no_probe"  # the route has no reconcile block
+    assert result.conclusion == "inconclusive"
     history = await operations.effect_history(store, effect_id)
     assert history.effect.state is EffectState.UNKNOWN
-    # Swept (recover), then probed: no probe to send, so it waits for an operator.
+    # Swept (recover), then probed.
     assert [(event.kind, event.conclusion) for event in history.events] == [
         ("recover", "unknown"),
-        ("probe", "no_probe"),
-        ("probe", "gave_up"),
+        ("probe", "inconclusive"),
     ]
+
+
+async def test_probe_on_a_route_without_a_reconcile_block_is_refused_and_counts_nothing(
+    store: Store, clock: FakeClock, policy: Policy, session: aiohttp.ClientSession
+) -> None:
+    effect_id = await unknown(store, clock)
+    before = await operations.effect_history(store, effect_id)
+
+    with pytest.raises(OperationRefused) as error:
+        await operations.probe(store, session, policy, effect_id)
+
+    refused = refusal(error, ErrorCode.NO_PROBE)
+    assert refused.context == {"effect_id": effect_id, "route": "place-order"}
+    assert "reconcile resolve" in refused.detail
+    after = await operations.effect_history(store, effect_id)
+    assert after == before
+    assert after.effect.probe_attempts == 0
 
 
 async def test_probe_of_a_settled_effect_is_refused(

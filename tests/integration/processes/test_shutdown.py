@@ -78,6 +78,12 @@ def test_sigterm_lets_the_in_flight_write_finish_and_refuses_new_connections(
     exited_after_s = time.monotonic() - sent_at
     assert status == 0, stack.proxy.log_tail()
     assert exited_after_s < GRACE_S, exited_after_s
+    said = stack.proxy.log_tail(200)
+    assert (
+        f"stopping: listener closed; 1 proxied request(s) in flight, waiting up to {GRACE_S:g} s"
+        in said
+    ), said
+    assert "cut off" not in said, said
     assert stack.upstream_orders() == 1
     shown = stack.cli_json("effects", "show", answer.headers["fence-effect-id"])
     assert (shown["state"], shown["upstream_status"]) == ("COMMITTED", 201), shown
@@ -108,6 +114,9 @@ def test_sigterm_past_the_grace_leaves_the_effect_unknown_at_next_start(stack: S
     sent_at = stack.sigterm_proxy()
     stack.wait_proxy_exit(0.5 + 4.0)
     exited_after_s = time.monotonic() - sent_at
+    said = stack.proxy.log_tail(200)
+    assert "1 proxied request(s) in flight, waiting up to 0.5 s" in said, said
+    assert f"the 0.5 s grace is over; POST /orders/{sku} was cut off" in said, said
     assert stack.upstream_orders() == 0, "the write should still be held by the upstream"
     answer = call.outcome(5.0)
     assert not (isinstance(answer, HttpResult) and answer.status == 201), answer
