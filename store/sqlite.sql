@@ -341,3 +341,51 @@ UPDATE store_identity SET fenced_at = :now
 -- A write that proves the store takes writes (readyz); one row per instance.
 INSERT INTO heartbeats (instance_id, at) VALUES (:instance_id, :now)
 ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
+
+-- admission_state --
+-- Everything an admission decides on, in one statement (the file's write lock is
+-- already held): columns t_* are the token's lease, then resource_state's,
+-- open_effects is effects_in_doubt as a JSON array of [id, state, epoch,
+-- idempotency_key, fingerprint], i_* the key's record. The time and the store id are
+-- the connector's own here (NULL).
+SELECT NULL AS now, NULL AS store_id,
+       t.resource AS t_resource, t.epoch AS t_epoch, t.holder AS t_holder,
+       t.granted_at AS t_granted_at, t.expires_at AS t_expires_at, t.ended_at AS t_ended_at,
+       t.end_reason AS t_end_reason, t.client AS t_client,
+       r.epoch, m.epoch_floor, l.holder, l.granted_at, l.expires_at, l.ended_at,
+       l.end_reason, l.client,
+       (SELECT json_group_array(json_array(o.id, o.state, o.epoch, o.idempotency_key,
+                                           o.fingerprint))
+        FROM (SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
+              WHERE resource = :resource
+                AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+              ORDER BY created_at) AS o) AS open_effects,
+       i.fingerprint AS i_fingerprint, i.effect_id AS i_effect_id, e.state AS i_effect_state,
+       i.epoch AS i_epoch, i.expires_at AS i_expires_at,
+       i.response_status AS i_response_status, i.response_headers AS i_response_headers,
+       i.response_body AS i_response_body, i.settled_by AS i_settled_by
+FROM store_meta m
+LEFT JOIN leases t ON t.token_hash = :token_hash
+LEFT JOIN resources r ON r.resource = :resource
+LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+LEFT JOIN idempotency i ON i.resource = :resource AND i.key = :key
+LEFT JOIN effects e ON e.id = i.effect_id
+
+-- admit_effect --
+-- The admitted effect and, unless :claim is false, its key's claim (as
+-- claim_idempotency_key). Two statements, run in order in the one transaction.
+INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                     method, path, state, instance_id, created_at, deadline, retain_s)
+VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
+        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s);
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+SELECT :resource, :idempotency_key, :fingerprint, :id, :epoch, NULL
+WHERE :claim
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = NULL,
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
+
+-- receipt --
+-- Nothing to save here: a receipt is a few statements in a transaction that costs no
+-- round trips, so this block is empty and the receipt is recorded step by step.
