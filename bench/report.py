@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from bench.cpu import LOAD_GENERATOR, CpuUsage
+from bench.round_trips import MAX_ROUND_TRIPS, REQUESTS, RoundTrips
 from bench.targets import FENCED, PLAIN
 from bench.workload import Measurement
 
@@ -82,6 +83,7 @@ class PostgresRun:
     concurrency: int
     pool_max: int
     rounds: list[Measurement]  # one replica, then two
+    round_trips: RoundTrips | None = None
 
     @property
     def two_over_one(self) -> float | None:
@@ -196,7 +198,73 @@ def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
             f"  {f'machine busy, % of all {two_cpu.cores} cores':<44} "
             f"{one_cpu.machine_busy_percent:>10.1f} {two_cpu.machine_busy_percent:>10.1f}"
         )
+    trips = run.round_trips
+    if trips is not None:
+        lines += [
+            "",
+            f"round trips to PostgreSQL per request (counted by the connector, {REQUESTS} "
+            f"sequential requests each): fenced write {trips.fenced:.2f}, "
+            f"replay {trips.replay:.2f}, stale-token refusal {trips.refusal:.2f}",
+        ]
     return [*lines, "", *bound_verdict(run)]
+
+
+# Issue 11's targets that this benchmark measures.
+FENCED_OVER_PLAIN_GOAL = 0.6
+PG_OVER_SQLITE_GOAL = 0.6
+TARGET_CONCURRENCIES = (16, 64)
+
+
+def _status(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def targets(
+    measurements: list[Measurement], postgres: PostgresRun | None
+) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for each target this run measured."""
+    found = []
+    by_concurrency = ratios(measurements)
+    for concurrency in TARGET_CONCURRENCIES:
+        if concurrency in by_concurrency:
+            ratio = by_concurrency[concurrency]
+            found.append(
+                (
+                    f"SQLite fenced/plain >= {FENCED_OVER_PLAIN_GOAL} at concurrency {concurrency}",
+                    f"{ratio:.2f}",
+                    ratio >= FENCED_OVER_PLAIN_GOAL,
+                )
+            )
+    if postgres is not None and postgres.round_trips is not None:
+        trips = postgres.round_trips.fenced
+        found.append(
+            (
+                f"PostgreSQL round trips per fenced request <= {MAX_ROUND_TRIPS}",
+                f"{trips:.2f}",
+                postgres.round_trips.met,
+            )
+        )
+    if postgres is not None:
+        same = [m for m in measurements if m.target == FENCED]
+        same = [m for m in same if m.concurrency == postgres.concurrency] or same
+        if same and same[0].req_per_s > 0:
+            ratio = postgres.rounds[0].req_per_s / same[0].req_per_s
+            found.append(
+                (
+                    f"PostgreSQL one replica >= {PG_OVER_SQLITE_GOAL}x SQLite fenced "
+                    f"(concurrency {same[0].concurrency})",
+                    f"{ratio:.2f}",
+                    ratio >= PG_OVER_SQLITE_GOAL,
+                )
+            )
+    return found
+
+
+def target_lines(measurements: list[Measurement], postgres: PostgresRun | None) -> list[str]:
+    lines = ["targets (issue 11):"]
+    for target, measured, met in targets(measurements, postgres):
+        lines.append(f"  {target:<62} {measured:>6}  {_status(met)}")
+    return lines
 
 
 def json_figures(
@@ -221,5 +289,12 @@ def json_figures(
             "results": [asdict(m) for m in postgres.rounds],
             "two_over_one": postgres.two_over_one,
             "bound": bound_verdict(postgres),
+            "round_trips_per_request": (
+                None if postgres.round_trips is None else asdict(postgres.round_trips)
+            ),
         }
+    figures["targets"] = [
+        {"target": target, "measured": float(measured), "met": met}
+        for target, measured, met in targets(measurements, postgres)
+    ]
     return figures

@@ -23,7 +23,11 @@ every worker on one replica and once with the workers split between the two
 (worker i talks to replica i mod 2; no load balancer). It prints both rounds,
 the ratio two/one, and where the CPU went in each measured window (each
 process's utime+stime from /proc, the database's server processes, the load
-generator's own, the whole machine's), then drops the database.
+generator's own, the whole machine's), then counts the round trips per request
+that the proxy's connector sent to the database (bench/round_trips.py), and
+drops the database.
+
+Last, where each of issue 11's targets stands (met / not met).
 
 Only 2xx answers count as requests; anything else is an error. Requests are
 counted when they complete inside the measured window, after a warm-up.
@@ -56,7 +60,9 @@ from bench.report import (
     json_figures,
     postgres_report,
     report_table,
+    target_lines,
 )
+from bench.round_trips import measure_round_trips
 from bench.targets import (
     FENCED,
     TARGETS,
@@ -118,9 +124,11 @@ def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
                 for n in (1, 2)
             ]
             rounds = asyncio.run(measure_postgres(args, store_url, upstream, replicas))
+            print("counting round trips per request on one replica ...", file=sys.stderr)
+            trips = asyncio.run(measure_round_trips(replicas[0][0]))
     finally:
         asyncio.run(drop_database(args.postgres_url, store_url))
-    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds)
+    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds, trips)
 
 
 async def measure_postgres(
@@ -260,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", *report_table(measurements)]
     if postgres is not None:
         lines += ["", *postgres_report(postgres, measurements)]
+    lines += ["", *target_lines(measurements, postgres)]
     print("\n".join(lines), file=table_stream)
     if args.json:
         figures = json_figures(args.warmup, args.duration, durability, measurements, postgres)

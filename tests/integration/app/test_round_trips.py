@@ -8,6 +8,7 @@ least of a few requests, each counted from its start to its answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -95,3 +96,19 @@ async def test_a_stale_token_refusal_takes_at_most_five_round_trips(fence: Fence
 
     assert trips <= MAX_ROUND_TRIPS
     assert await fence.upstream_orders() == 0
+
+
+async def test_the_metrics_export_the_connectors_count(fence: Fence) -> None:
+    connector = fence.store.connector
+    assert isinstance(connector, PostgresConnector)
+    lease = await fence.acquire(RESOURCE)
+    assert (await fence.order("widget", lease["token"], "k-1")).status == 201
+
+    response = await fence.client.get("/_fence/metrics")
+    exported = re.search(
+        r"^fenceproxy_store_round_trips_total (\S+)$", await response.text(), re.MULTILINE
+    )
+
+    assert exported is not None
+    # Up to date as of the scrape; the background loops may have sent more since.
+    assert 5 <= float(exported.group(1)) <= connector.round_trips.count
