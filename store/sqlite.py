@@ -145,8 +145,7 @@ class SQLiteConnector:
         self.path, self.synchronous = parse_sqlite_url(url)
         self._clock = clock
         self._queries: Queries = {
-            name: tuple(_split_statements(sql if sql.endswith(";") else f"{sql};")) if sql else ()
-            for name, sql in load_queries("sqlite.sql").items()
+            name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
         }
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -334,6 +333,11 @@ class SQLiteConnector:
             )
             return [(False, error)] * len(operations)
         return results
+
+
+def block_statements(sql: str) -> tuple[str, ...]:
+    """A named block's statements, in order (none for an empty block)."""
+    return tuple(_split_statements(sql if sql.endswith(";") else f"{sql};")) if sql else ()
 
 
 def _split_statements(sql: str) -> list[str]:

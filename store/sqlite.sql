@@ -22,7 +22,7 @@ FROM leases WHERE token_hash = :token_hash
 -- effects_in_doubt --
 -- The resource's unsettled effects, which block it (core/lifecycle.py BLOCKING).
 SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
-WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+WHERE resource = :resource AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 ORDER BY created_at
 
 -- set_resource_epoch --
@@ -166,13 +166,13 @@ ORDER BY created_at DESC LIMIT :limit
 -- effects_in_state --
 -- A settled state, from the partial index effects_settled.
 SELECT * FROM effects
-WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT') AND state = :state
+WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- in_doubt_effects_in_state --
 -- A state in doubt: the partial index effects_open holds only those.
 SELECT * FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state = :state
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- insert_rejection --
@@ -241,7 +241,7 @@ SELECT 1 AS acquired
 -- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
 -- matter, and without it no plan has to sort every candidate before the LIMIT.
 SELECT id FROM effects
-WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
+WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT')
   AND created_at < :horizon AND finished_at < :horizon
   AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
                   AND (i.expires_at IS NULL OR i.expires_at > :now))
@@ -282,7 +282,7 @@ SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events
 WHERE effect_id = :effect_id ORDER BY id
 
 -- in_doubt_effects --
-SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+SELECT * FROM effects WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 ORDER BY created_at LIMIT :limit
 
 -- due_probes --
@@ -306,17 +306,17 @@ WHERE id = :id AND state = 'UNKNOWN'
 -- Only the states in doubt, from the partial index effects_open: a scrape never
 -- counts the settled history (the settled are counted as they settle, in memory).
 SELECT state, count(*) AS n FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') GROUP BY state
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') GROUP BY state
 
 -- blocked_resources --
 -- Resources waiting for reconciliation (a request merely in flight is not counted).
 -- Spelled so that it matches the partial index effects_open's predicate.
 SELECT count(DISTINCT resource) AS n FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state <> 'DISPATCHING'
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND state <> 'DISPATCHING'
 
 -- oldest_in_doubt --
 SELECT min(created_at) AS oldest FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 
 -- epoch_floor_and_max --
 SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
@@ -358,7 +358,7 @@ SELECT NULL AS now, NULL AS store_id,
                                            o.fingerprint))
         FROM (SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
               WHERE resource = :resource
-                AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+                AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
               ORDER BY created_at) AS o) AS open_effects,
        i.fingerprint AS i_fingerprint, i.effect_id AS i_effect_id, e.state AS i_effect_state,
        i.epoch AS i_epoch, i.expires_at AS i_expires_at,
