@@ -537,16 +537,24 @@ class Store:
                         upstream_status,
                         settled_by=f"resend:{effect_id}",
                     )
-            step = await _apply(
-                tx,
-                effect_id,
-                event,
-                "dispatch",
-                self.instance_id,
-                reason,
-                upstream_status,
-                response,
-            )
+            row = None
+            if admitted is not None:
+                # Its resource is known: lock it and read the effect once, not twice.
+                await _lock_resource(tx, admitted.resource)
+                row = await tx.one("effect_for_update", id=effect_id)
+            step = None
+            if admitted is None or row is not None:
+                step = await _apply(
+                    tx,
+                    effect_id,
+                    event,
+                    "dispatch",
+                    self.instance_id,
+                    reason,
+                    upstream_status,
+                    response,
+                    row=row,
+                )
             if step is None:
                 # Only retention deletes effects, and only long-settled ones: this receipt
                 # comes from a proxy that stalled for longer than effects_days.
