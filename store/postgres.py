@@ -6,6 +6,11 @@ never both grant a live lease or admit writes under different epochs. Time is
 the database's (`now()` at the start of the transaction), so replicas with
 skewed clocks still agree on when a lease expires.
 
+A fenced request is five round trips (issue 11): its admission is BEGIN, one call
+that locks and reads (`own_clock`: it answers the time and the store id itself),
+one write, COMMIT; its receipt one statement that is its own transaction
+(`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
+
 Driver errors are translated here: nothing above the store sees asyncpg.
 """
 
