@@ -285,8 +285,9 @@ class PostgresConnector:
                     raise StoreUnavailable("the transaction kept conflicting; try again") from None
             except _CONNECTION_LOST as exc:
                 raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
-            except asyncpg.UndefinedTableError as exc:
-                # The schema is gone under the open pool (the database was recreated).
+            except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
+                # The schema is gone under the open pool (the database was recreated),
+                # its functions (migration 0013) with it.
                 raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except asyncpg.PostgresError as exc:
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
