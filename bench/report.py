@@ -52,12 +52,12 @@ def format_ms(value: float | None) -> str:
 
 def report_table(measurements: list[Measurement]) -> list[str]:
     lines = [
-        f"{'target':<8} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
+        f"{'target':<11} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
     ]
     for m in measurements:
         lines.append(
-            f"{m.target:<8} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{m.target:<11} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
             f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
         )
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
@@ -209,6 +209,14 @@ def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
     return [*lines, "", *bound_verdict(run)]
 
 
+# The extra rounds' targets (bench/run.py EXTRA_ROUNDS).
+PLAIN_20MS = "plain+20ms"
+FENCED_20MS = "fenced+20ms"
+REPLAYS = "replays"
+REFUSALS = "refusals"
+P50_EXTRA_MS = 3.0
+P99_EXTRA_MS = 10.0
+
 # Issue 11's targets that this benchmark measures.
 FENCED_OVER_PLAIN_GOAL = 0.6
 PG_OVER_SQLITE_GOAL = 0.6
@@ -233,6 +241,35 @@ def targets(
                     f"SQLite fenced/plain >= {FENCED_OVER_PLAIN_GOAL} at concurrency {concurrency}",
                     f"{ratio:.2f}",
                     ratio >= FENCED_OVER_PLAIN_GOAL,
+                )
+            )
+    named = {m.target: m for m in measurements}
+    plain_20, fenced_20 = named.get(PLAIN_20MS), named.get(FENCED_20MS)
+    if plain_20 is not None and fenced_20 is not None:
+        for label, fenced_ms, plain_ms, most in (
+            ("p50", fenced_20.p50_ms, plain_20.p50_ms, P50_EXTRA_MS),
+            ("p99", fenced_20.p99_ms, plain_20.p99_ms, P99_EXTRA_MS),
+        ):
+            if fenced_ms is not None and plain_ms is not None:
+                extra = fenced_ms - plain_ms
+                found.append(
+                    (
+                        f"20 ms upstream, c={fenced_20.concurrency}: fenced {label} - plain "
+                        f"<= {most:g} ms",
+                        f"{extra:.1f}",
+                        extra <= most,
+                    )
+                )
+    plain = next((m for m in measurements if m.target == PLAIN), None)
+    for name in (REPLAYS, REFUSALS):
+        found_round = named.get(name)
+        if found_round is not None and plain is not None and plain.req_per_s > 0:
+            ratio = found_round.req_per_s / plain.req_per_s
+            found.append(
+                (
+                    f"{name} / plain req/s >= 1 (plain at c={plain.concurrency})",
+                    f"{ratio:.2f}",
+                    ratio >= 1,
                 )
             )
     if postgres is not None and postgres.round_trips is not None:

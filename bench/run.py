@@ -4,7 +4,7 @@ and what a second fenceproxy replica on one PostgreSQL database adds.
     python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64]
                         [--targets plain,fenced] [--sqlite-synchronous FULL]
                         [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
-                        [--pg-concurrency 64] [--pg-pool 10] [--json]
+                        [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds] [--json]
 
 SQLite (`--backends sqlite`): starts, each as its own process on a free port,
 the demo upstream, the plain proxy (bench/plain_proxy.py) and fenceproxy with a
@@ -26,6 +26,10 @@ process's utime+stime from /proc, the database's server processes, the load
 generator's own, the whole machine's), then counts the round trips per request
 that the proxy's connector sent to the database (bench/round_trips.py), and
 drops the database.
+
+With both targets, four more rounds at concurrency 16: plain and fenced with an
+upstream that takes 20 ms per request, a round of replays (one key per worker) and
+one of stale-token refusals (`--no-extra-rounds` skips them).
 
 Last, where each of issue 11's targets stands (met / not met).
 
@@ -51,9 +55,13 @@ from pathlib import Path
 from bench.cpu import CpuSnapshot, pids_named
 from bench.postgres import DatabaseUnavailable, backend_pids, create_database, drop_database
 from bench.report import (
+    FENCED_20MS,
     FENCEPROXY_GROUP,
     PG_ALL_GROUP,
     PG_DB_GROUP,
+    PLAIN_20MS,
+    REFUSALS,
+    REPLAYS,
     UPSTREAM_GROUP,
     PostgresRun,
     header_lines,
@@ -65,6 +73,7 @@ from bench.report import (
 from bench.round_trips import measure_round_trips
 from bench.targets import (
     FENCED,
+    PLAIN,
     TARGETS,
     RunningTargets,
     start_fenceproxy,
@@ -72,7 +81,7 @@ from bench.targets import (
     start_upstream,
     store_durability,
 )
-from bench.workload import LEASE_TTL_S, BenchError, Measurement, measure
+from bench.workload import FRESH, LEASE_TTL_S, REPLAY, STALE, BenchError, Measurement, measure
 from support.processes import ManagedProcess, ProcessFailed
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
@@ -81,6 +90,17 @@ POSTGRESQL = "postgresql"
 BACKENDS = (SQLITE, POSTGRESQL)
 POSTGRES_URL_ENV = "FENCEPROXY_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# Issue 11's rounds besides throughput, at one concurrency: what a worker feels with an
+# upstream that takes 20 ms (the demo upstream's delay header), and replays and stale
+# refusals, which never go upstream. (target, through fenceproxy, kind, headers)
+EXTRA_CONCURRENCY = 16
+UPSTREAM_DELAY = {"Demo-Delay-Ms": "20"}
+EXTRA_ROUNDS = (
+    (PLAIN_20MS, False, FRESH, UPSTREAM_DELAY),
+    (FENCED_20MS, True, FRESH, UPSTREAM_DELAY),
+    (REPLAYS, True, REPLAY, None),
+    (REFUSALS, True, STALE, None),
+)
 # Workers never renew, so a round must end well before their leases expire.
 LONGEST_ROUND_S = LEASE_TTL_S - 30
 
@@ -107,6 +127,23 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
             for process in running.processes:
                 if not process.is_running():
                     raise process.failure(f"exited with status {process.returncode} mid-run")
+    if args.extra_rounds and set(args.targets) == set(TARGETS):
+        for target, fenced, kind, headers in EXTRA_ROUNDS:
+            base_url = running.base_urls[FENCED if fenced else PLAIN]
+            print(f"measuring {target} at concurrency {EXTRA_CONCURRENCY} ...", file=sys.stderr)
+            measurements.append(
+                await measure(
+                    target,
+                    base_url,
+                    EXTRA_CONCURRENCY,
+                    args.warmup,
+                    args.duration,
+                    sample,
+                    fenced=fenced,
+                    kind=kind,
+                    extra_headers=headers,
+                )
+            )
     return measurements
 
 
@@ -228,6 +265,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-concurrency", type=int, default=64, help="workers, PostgreSQL run")
     parser.add_argument(
         "--pg-pool", type=int, default=10, help="each replica's store_pool max_size (default 10)"
+    )
+    parser.add_argument(
+        "--extra-rounds",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the 20 ms-upstream, replay and stale-refusal rounds at concurrency 16 "
+        "(with both targets only)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)"
