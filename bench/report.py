@@ -52,12 +52,12 @@ def format_ms(value: float | None) -> str:
 
 def report_table(measurements: list[Measurement]) -> list[str]:
     lines = [
-        f"{'target':<11} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
+        f"{'target':<16} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
     ]
     for m in measurements:
         lines.append(
-            f"{m.target:<11} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{m.target:<16} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
             f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
         )
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
@@ -214,6 +214,8 @@ PLAIN_20MS = "plain+20ms"
 FENCED_20MS = "fenced+20ms"
 REPLAYS = "replays"
 REFUSALS = "refusals"
+PRELOADED = "fenced+preloaded"
+PRELOADED_GOAL = 0.9
 P50_EXTRA_MS = 3.0
 P99_EXTRA_MS = 10.0
 
@@ -260,6 +262,28 @@ def targets(
                         extra <= most,
                     )
                 )
+    preloaded = named.get(PRELOADED)
+    empty = (
+        next(
+            (
+                m
+                for m in measurements
+                if m.target == FENCED and m.concurrency == preloaded.concurrency
+            ),
+            None,
+        )
+        if preloaded is not None
+        else None
+    )
+    if preloaded is not None and empty is not None and empty.req_per_s > 0:
+        ratio = preloaded.req_per_s / empty.req_per_s
+        found.append(
+            (
+                f"SQLite fenced, preloaded / empty >= {PRELOADED_GOAL} (c={empty.concurrency})",
+                f"{ratio:.2f}",
+                ratio >= PRELOADED_GOAL,
+            )
+        )
     plain = next((m for m in measurements if m.target == PLAIN), None)
     for name in (REPLAYS, REFUSALS):
         found_round = named.get(name)

@@ -4,7 +4,8 @@ and what a second fenceproxy replica on one PostgreSQL database adds.
     python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64]
                         [--targets plain,fenced] [--sqlite-synchronous FULL]
                         [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
-                        [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds] [--json]
+                        [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds]
+                        [--preload N] [--json]
 
 SQLite (`--backends sqlite`): starts, each as its own process on a free port,
 the demo upstream, the plain proxy (bench/plain_proxy.py) and fenceproxy with a
@@ -29,7 +30,9 @@ drops the database.
 
 With both targets, four more rounds at concurrency 16: plain and fenced with an
 upstream that takes 20 ms per request, a round of replays (one key per worker) and
-one of stale-token refusals (`--no-extra-rounds` skips them).
+one of stale-token refusals (`--no-extra-rounds` skips them). `--preload N`: the
+first fenced round again on a SQLite store preloaded with N settled effects (not
+measured on PostgreSQL).
 
 Last, where each of issue 11's targets stands (met / not met).
 
@@ -49,6 +52,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -60,6 +64,7 @@ from bench.report import (
     PG_ALL_GROUP,
     PG_DB_GROUP,
     PLAIN_20MS,
+    PRELOADED,
     REFUSALS,
     REPLAYS,
     UPSTREAM_GROUP,
@@ -70,6 +75,7 @@ from bench.report import (
     report_table,
     target_lines,
 )
+from bench.retention import seed
 from bench.round_trips import measure_round_trips
 from bench.targets import (
     FENCED,
@@ -82,6 +88,7 @@ from bench.targets import (
     store_durability,
 )
 from bench.workload import FRESH, LEASE_TTL_S, REPLAY, STALE, BenchError, Measurement, measure
+from store import open_store
 from support.processes import ManagedProcess, ProcessFailed
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
@@ -145,6 +152,40 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
                 )
             )
     return measurements
+
+
+def measure_preloaded(args: argparse.Namespace, workdir: Path) -> Measurement:
+    """The first fenced round again, on a SQLite store preloaded with --preload settled
+    effects (bulk inserted: every 10th with an event and a live idempotency record,
+    and as many rejections; bench/retention.py `seed`), through a fenceproxy of its own."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_url = f"sqlite:///{workdir / 'preloaded.db'}?synchronous={args.sqlite_synchronous}"
+    print(f"preloading {args.preload} settled effects ...", file=sys.stderr)
+    asyncio.run(preload(store_url, args.preload))
+    with ExitStack() as processes:
+        upstream_url, _ = start_upstream(processes, workdir)
+        url, process = start_fenceproxy(
+            processes, workdir, "fenceproxy-preloaded", upstream_url, store_url
+        )
+
+        async def sample() -> CpuSnapshot:
+            return CpuSnapshot.take({process.name: [process.pid]})
+
+        concurrency = args.concurrency[0]
+        print(f"measuring {PRELOADED} at concurrency {concurrency} ...", file=sys.stderr)
+        return asyncio.run(
+            measure(PRELOADED, url, concurrency, args.warmup, args.duration, sample, fenced=True)
+        )
+
+
+async def preload(store_url: str, effects: int) -> None:
+    store = open_store(store_url, time.time, "bench-preload")
+    await store.open()  # migrated
+    try:
+        now = await store.now()
+    finally:
+        await store.close()
+    await seed(store_url, effects, now - 3600, "eff_seed_")
 
 
 def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
@@ -267,6 +308,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pg-pool", type=int, default=10, help="each replica's store_pool max_size (default 10)"
     )
     parser.add_argument(
+        "--preload",
+        type=int,
+        default=0,
+        help="also measure the first fenced round on a SQLite store preloaded with this "
+        "many settled effects, as many rejections (e.g. 1000000; takes a minute or more)",
+    )
+    parser.add_argument(
         "--extra-rounds",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -279,6 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pg_concurrency < 2 or args.pg_pool < 1:
         parser.error("--pg-concurrency must be at least 2 and --pg-pool at least 1")
+    if args.preload < 0:
+        parser.error("--preload must not be negative")
     if args.duration <= 0 or args.warmup < 0:
         parser.error("--duration must be positive and --warmup not negative")
     if args.duration + args.warmup > LONGEST_ROUND_S:
@@ -300,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     durability = store_durability(running, args.sqlite_synchronous)
                     measurements = asyncio.run(measure_all(args, running))
+                if args.preload and FENCED in args.targets:
+                    measurements.append(measure_preloaded(args, Path(workdir) / "preloaded"))
             if POSTGRESQL in args.backends:
                 postgres = run_postgres(args, Path(workdir) / "postgresql")
         except (ProcessFailed, BenchError, DatabaseUnavailable) as failure:
