@@ -98,15 +98,6 @@ SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i
 FROM idempotency i JOIN effects e ON e.id = i.effect_id
 WHERE i.resource = :resource AND i.key = :key
 
--- claim_idempotency_key --
--- No expiry while the effect is unsettled: retention runs from settlement.
-INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
-VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
-ON CONFLICT (resource, key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
-    epoch = excluded.epoch, expires_at = NULL,
-    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
-
 -- commit_idempotency_key --
 -- The operation took effect: from now on its key replays (the response, if one was
 -- seen) for retain_s, whichever effect of the operation held the key before.
@@ -139,12 +130,6 @@ DELETE FROM idempotency WHERE effect_id = :effect_id
 INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
 VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
 ON CONFLICT (resource, key) DO NOTHING
-
--- insert_effect --
-INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
-                     method, path, state, instance_id, created_at, deadline, retain_s)
-VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
-        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s)
 
 -- transition_effect --
 -- One step of core/lifecycle.py's table, guarded by the state it was decided on: the
@@ -380,8 +365,9 @@ ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
 SELECT * FROM fenceproxy_admission_state(:token_hash, :resource, :key)
 
 -- admit_effect --
--- The admitted effect and, unless :claim is false, its key's claim (as
--- claim_idempotency_key): one statement, one round trip.
+-- The admitted effect and, unless :claim is false, its key's claim (no expiry while
+-- the effect is unsettled: retention runs from settlement): one statement, one round
+-- trip.
 WITH effect AS (
     INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
                          method, path, state, instance_id, created_at, deadline, retain_s)
