@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from bench.cpu import LOAD_GENERATOR, CpuUsage
+from bench.round_trips import MAX_ROUND_TRIPS, REQUESTS, RoundTrips
 from bench.targets import FENCED, PLAIN
 from bench.workload import Measurement
 
@@ -51,12 +52,12 @@ def format_ms(value: float | None) -> str:
 
 def report_table(measurements: list[Measurement]) -> list[str]:
     lines = [
-        f"{'target':<8} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
+        f"{'target':<16} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
     ]
     for m in measurements:
         lines.append(
-            f"{m.target:<8} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{m.target:<16} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
             f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
         )
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
@@ -82,6 +83,7 @@ class PostgresRun:
     concurrency: int
     pool_max: int
     rounds: list[Measurement]  # one replica, then two
+    round_trips: RoundTrips | None = None
 
     @property
     def two_over_one(self) -> float | None:
@@ -196,7 +198,134 @@ def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
             f"  {f'machine busy, % of all {two_cpu.cores} cores':<44} "
             f"{one_cpu.machine_busy_percent:>10.1f} {two_cpu.machine_busy_percent:>10.1f}"
         )
+    trips = run.round_trips
+    if trips is not None:
+        lines += [
+            "",
+            f"round trips to PostgreSQL per request (counted by the connector, {REQUESTS} "
+            f"sequential requests each): fenced write {trips.fenced:.2f}, "
+            f"replay {trips.replay:.2f}, stale-token refusal {trips.refusal:.2f}",
+        ]
     return [*lines, "", *bound_verdict(run)]
+
+
+# The extra rounds' targets (bench/run.py EXTRA_ROUNDS).
+PLAIN_20MS = "plain+20ms"
+FENCED_20MS = "fenced+20ms"
+REPLAYS = "replays"
+REFUSALS = "refusals"
+PRELOADED = "fenced+preloaded"
+PRELOADED_GOAL = 0.9
+P50_EXTRA_MS = 3.0
+P99_EXTRA_MS = 10.0
+
+# Issue 11's targets that this benchmark measures.
+FENCED_OVER_PLAIN_GOAL = 0.6
+PG_OVER_SQLITE_GOAL = 0.6
+TARGET_CONCURRENCIES = (16, 64)
+
+
+def _status(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def targets(
+    measurements: list[Measurement], postgres: PostgresRun | None
+) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for each target this run measured."""
+    found = []
+    by_concurrency = ratios(measurements)
+    for concurrency in TARGET_CONCURRENCIES:
+        if concurrency in by_concurrency:
+            ratio = by_concurrency[concurrency]
+            found.append(
+                (
+                    f"SQLite fenced/plain >= {FENCED_OVER_PLAIN_GOAL} at concurrency {concurrency}",
+                    f"{ratio:.2f}",
+                    ratio >= FENCED_OVER_PLAIN_GOAL,
+                )
+            )
+    named = {m.target: m for m in measurements}
+    plain_20, fenced_20 = named.get(PLAIN_20MS), named.get(FENCED_20MS)
+    if plain_20 is not None and fenced_20 is not None:
+        for label, fenced_ms, plain_ms, most in (
+            ("p50", fenced_20.p50_ms, plain_20.p50_ms, P50_EXTRA_MS),
+            ("p99", fenced_20.p99_ms, plain_20.p99_ms, P99_EXTRA_MS),
+        ):
+            if fenced_ms is not None and plain_ms is not None:
+                extra = fenced_ms - plain_ms
+                found.append(
+                    (
+                        f"20 ms upstream, c={fenced_20.concurrency}: fenced {label} - plain "
+                        f"<= {most:g} ms",
+                        f"{extra:.1f}",
+                        extra <= most,
+                    )
+                )
+    preloaded = named.get(PRELOADED)
+    empty = (
+        next(
+            (
+                m
+                for m in measurements
+                if m.target == FENCED and m.concurrency == preloaded.concurrency
+            ),
+            None,
+        )
+        if preloaded is not None
+        else None
+    )
+    if preloaded is not None and empty is not None and empty.req_per_s > 0:
+        ratio = preloaded.req_per_s / empty.req_per_s
+        found.append(
+            (
+                f"SQLite fenced, preloaded / empty >= {PRELOADED_GOAL} (c={empty.concurrency})",
+                f"{ratio:.2f}",
+                ratio >= PRELOADED_GOAL,
+            )
+        )
+    plain = next((m for m in measurements if m.target == PLAIN), None)
+    for name in (REPLAYS, REFUSALS):
+        found_round = named.get(name)
+        if found_round is not None and plain is not None and plain.req_per_s > 0:
+            ratio = found_round.req_per_s / plain.req_per_s
+            found.append(
+                (
+                    f"{name} / plain req/s >= 1 (plain at c={plain.concurrency})",
+                    f"{ratio:.2f}",
+                    ratio >= 1,
+                )
+            )
+    if postgres is not None and postgres.round_trips is not None:
+        trips = postgres.round_trips.fenced
+        found.append(
+            (
+                f"PostgreSQL round trips per fenced request <= {MAX_ROUND_TRIPS}",
+                f"{trips:.2f}",
+                postgres.round_trips.met,
+            )
+        )
+    if postgres is not None:
+        same = [m for m in measurements if m.target == FENCED]
+        same = [m for m in same if m.concurrency == postgres.concurrency] or same
+        if same and same[0].req_per_s > 0:
+            ratio = postgres.rounds[0].req_per_s / same[0].req_per_s
+            found.append(
+                (
+                    f"PostgreSQL one replica >= {PG_OVER_SQLITE_GOAL}x SQLite fenced "
+                    f"(concurrency {same[0].concurrency})",
+                    f"{ratio:.2f}",
+                    ratio >= PG_OVER_SQLITE_GOAL,
+                )
+            )
+    return found
+
+
+def target_lines(measurements: list[Measurement], postgres: PostgresRun | None) -> list[str]:
+    lines = ["targets (issue 11):"]
+    for target, measured, met in targets(measurements, postgres):
+        lines.append(f"  {target:<62} {measured:>6}  {_status(met)}")
+    return lines
 
 
 def json_figures(
@@ -221,5 +350,12 @@ def json_figures(
             "results": [asdict(m) for m in postgres.rounds],
             "two_over_one": postgres.two_over_one,
             "bound": bound_verdict(postgres),
+            "round_trips_per_request": (
+                None if postgres.round_trips is None else asdict(postgres.round_trips)
+            ),
         }
+    figures["targets"] = [
+        {"target": target, "measured": float(measured), "met": met}
+        for target, measured, met in targets(measurements, postgres)
+    ]
     return figures

@@ -4,7 +4,8 @@ and what a second fenceproxy replica on one PostgreSQL database adds.
     python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64]
                         [--targets plain,fenced] [--sqlite-synchronous FULL]
                         [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
-                        [--pg-concurrency 64] [--pg-pool 10] [--json]
+                        [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds]
+                        [--preload N] [--json]
 
 SQLite (`--backends sqlite`): starts, each as its own process on a free port,
 the demo upstream, the plain proxy (bench/plain_proxy.py) and fenceproxy with a
@@ -23,7 +24,17 @@ every worker on one replica and once with the workers split between the two
 (worker i talks to replica i mod 2; no load balancer). It prints both rounds,
 the ratio two/one, and where the CPU went in each measured window (each
 process's utime+stime from /proc, the database's server processes, the load
-generator's own, the whole machine's), then drops the database.
+generator's own, the whole machine's), then counts the round trips per request
+that the proxy's connector sent to the database (bench/round_trips.py), and
+drops the database.
+
+With both targets, four more rounds at concurrency 16: plain and fenced with an
+upstream that takes 20 ms per request, a round of replays (one key per worker) and
+one of stale-token refusals (`--no-extra-rounds` skips them). `--preload N`: the
+first fenced round again on a SQLite store preloaded with N settled effects (not
+measured on PostgreSQL).
+
+Last, where each of issue 11's targets stands (met / not met).
 
 Only 2xx answers count as requests; anything else is an error. Requests are
 counted when they complete inside the measured window, after a warm-up.
@@ -41,24 +52,34 @@ import json
 import os
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 from bench.cpu import CpuSnapshot, pids_named
 from bench.postgres import DatabaseUnavailable, backend_pids, create_database, drop_database
 from bench.report import (
+    FENCED_20MS,
     FENCEPROXY_GROUP,
     PG_ALL_GROUP,
     PG_DB_GROUP,
+    PLAIN_20MS,
+    PRELOADED,
+    REFUSALS,
+    REPLAYS,
     UPSTREAM_GROUP,
     PostgresRun,
     header_lines,
     json_figures,
     postgres_report,
     report_table,
+    target_lines,
 )
+from bench.retention import seed
+from bench.round_trips import measure_round_trips
 from bench.targets import (
     FENCED,
+    PLAIN,
     TARGETS,
     RunningTargets,
     start_fenceproxy,
@@ -66,7 +87,8 @@ from bench.targets import (
     start_upstream,
     store_durability,
 )
-from bench.workload import LEASE_TTL_S, BenchError, Measurement, measure
+from bench.workload import FRESH, LEASE_TTL_S, REPLAY, STALE, BenchError, Measurement, measure
+from store import open_store
 from support.processes import ManagedProcess, ProcessFailed
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
@@ -75,6 +97,17 @@ POSTGRESQL = "postgresql"
 BACKENDS = (SQLITE, POSTGRESQL)
 POSTGRES_URL_ENV = "FENCEPROXY_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# Issue 11's rounds besides throughput, at one concurrency: what a worker feels with an
+# upstream that takes 20 ms (the demo upstream's delay header), and replays and stale
+# refusals, which never go upstream. (target, through fenceproxy, kind, headers)
+EXTRA_CONCURRENCY = 16
+UPSTREAM_DELAY = {"Demo-Delay-Ms": "20"}
+EXTRA_ROUNDS = (
+    (PLAIN_20MS, False, FRESH, UPSTREAM_DELAY),
+    (FENCED_20MS, True, FRESH, UPSTREAM_DELAY),
+    (REPLAYS, True, REPLAY, None),
+    (REFUSALS, True, STALE, None),
+)
 # Workers never renew, so a round must end well before their leases expire.
 LONGEST_ROUND_S = LEASE_TTL_S - 30
 
@@ -101,7 +134,58 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
             for process in running.processes:
                 if not process.is_running():
                     raise process.failure(f"exited with status {process.returncode} mid-run")
+    if args.extra_rounds and set(args.targets) == set(TARGETS):
+        for target, fenced, kind, headers in EXTRA_ROUNDS:
+            base_url = running.base_urls[FENCED if fenced else PLAIN]
+            print(f"measuring {target} at concurrency {EXTRA_CONCURRENCY} ...", file=sys.stderr)
+            measurements.append(
+                await measure(
+                    target,
+                    base_url,
+                    EXTRA_CONCURRENCY,
+                    args.warmup,
+                    args.duration,
+                    sample,
+                    fenced=fenced,
+                    kind=kind,
+                    extra_headers=headers,
+                )
+            )
     return measurements
+
+
+def measure_preloaded(args: argparse.Namespace, workdir: Path) -> Measurement:
+    """The first fenced round again, on a SQLite store preloaded with --preload settled
+    effects (bulk inserted: every 10th with an event and a live idempotency record,
+    and as many rejections; bench/retention.py `seed`), through a fenceproxy of its own."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_url = f"sqlite:///{workdir / 'preloaded.db'}?synchronous={args.sqlite_synchronous}"
+    print(f"preloading {args.preload} settled effects ...", file=sys.stderr)
+    asyncio.run(preload(store_url, args.preload))
+    with ExitStack() as processes:
+        upstream_url, _ = start_upstream(processes, workdir)
+        url, process = start_fenceproxy(
+            processes, workdir, "fenceproxy-preloaded", upstream_url, store_url
+        )
+
+        async def sample() -> CpuSnapshot:
+            return CpuSnapshot.take({process.name: [process.pid]})
+
+        concurrency = args.concurrency[0]
+        print(f"measuring {PRELOADED} at concurrency {concurrency} ...", file=sys.stderr)
+        return asyncio.run(
+            measure(PRELOADED, url, concurrency, args.warmup, args.duration, sample, fenced=True)
+        )
+
+
+async def preload(store_url: str, effects: int) -> None:
+    store = open_store(store_url, time.time, "bench-preload")
+    await store.open()  # migrated
+    try:
+        now = await store.now()
+    finally:
+        await store.close()
+    await seed(store_url, effects, now - 3600, "eff_seed_")
 
 
 def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
@@ -118,9 +202,11 @@ def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
                 for n in (1, 2)
             ]
             rounds = asyncio.run(measure_postgres(args, store_url, upstream, replicas))
+            print("counting round trips per request on one replica ...", file=sys.stderr)
+            trips = asyncio.run(measure_round_trips(replicas[0][0]))
     finally:
         asyncio.run(drop_database(args.postgres_url, store_url))
-    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds)
+    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds, trips)
 
 
 async def measure_postgres(
@@ -222,11 +308,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pg-pool", type=int, default=10, help="each replica's store_pool max_size (default 10)"
     )
     parser.add_argument(
+        "--preload",
+        type=int,
+        default=0,
+        help="also measure the first fenced round on a SQLite store preloaded with this "
+        "many settled effects, as many rejections (e.g. 1000000: the bulk insert takes seconds)",
+    )
+    parser.add_argument(
+        "--extra-rounds",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the 20 ms-upstream, replay and stale-refusal rounds at concurrency 16 "
+        "(with both targets only)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)"
     )
     args = parser.parse_args(argv)
     if args.pg_concurrency < 2 or args.pg_pool < 1:
         parser.error("--pg-concurrency must be at least 2 and --pg-pool at least 1")
+    if args.preload < 0:
+        parser.error("--preload must not be negative")
     if args.duration <= 0 or args.warmup < 0:
         parser.error("--duration must be positive and --warmup not negative")
     if args.duration + args.warmup > LONGEST_ROUND_S:
@@ -248,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     durability = store_durability(running, args.sqlite_synchronous)
                     measurements = asyncio.run(measure_all(args, running))
+                if args.preload and FENCED in args.targets:
+                    measurements.append(measure_preloaded(args, Path(workdir) / "preloaded"))
             if POSTGRESQL in args.backends:
                 postgres = run_postgres(args, Path(workdir) / "postgresql")
         except (ProcessFailed, BenchError, DatabaseUnavailable) as failure:
@@ -260,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", *report_table(measurements)]
     if postgres is not None:
         lines += ["", *postgres_report(postgres, measurements)]
+    lines += ["", *target_lines(measurements, postgres)]
     print("\n".join(lines), file=table_stream)
     if args.json:
         figures = json_figures(args.warmup, args.duration, durability, measurements, postgres)

@@ -3,8 +3,9 @@
 
 A fenced worker first takes a lease on bench:w{i} and sends its Fence-Token and
 a fresh Idempotency-Key with every request, so each one is admitted, recorded
-and forwarded as a fenced effect. Only 2xx answers count as requests; anything
-else is an error. Requests are counted when they complete inside the window.
+and forwarded as a fenced effect (see run_worker's kinds for the replay and
+stale-refusal rounds). Only 2xx answers count as requests (4xx in a round of stale
+refusals); anything else is an error. Requests are counted when they complete inside the window.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ async def release_lease(session: aiohttp.ClientSession, base_url: str, token: st
             raise BenchError(f"lease release: {await describe_refusal(response)}")
 
 
+# What a fenced worker sends: a fresh Idempotency-Key each time (every request a new
+# effect), one key over and over (after the first, every request a replay), or a
+# fresh key with the token of a lease it released (every request a stale refusal,
+# which then counts as the answer expected).
+FRESH, REPLAY, STALE = "fresh", "replay", "stale"
+
+
 async def run_worker(
     session: aiohttp.ClientSession,
     url: str,
@@ -98,19 +106,23 @@ async def run_worker(
     measure_from: float,
     measure_until: float,
     tally: WorkerTally,
+    kind: str = FRESH,
+    extra_headers: dict[str, str] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     if fence_token is not None:
         headers["Fence-Token"] = fence_token
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    expected = range(400, 500) if kind == STALE else range(200, 300)
     while loop.time() < measure_until:
-        if fence_token is not None:
+        if fence_token is not None and kind != REPLAY:
             headers["Idempotency-Key"] = uuid.uuid4().hex
         started = loop.time()
         error: str | None
         try:
             async with session.post(url, data=REQUEST_BODY, headers=headers) as response:
-                if 200 <= response.status < 300:
+                if response.status in expected:
                     await response.read()
                     error = None
                 else:
@@ -134,6 +146,8 @@ async def measure(
     sampler: Sampler | None = None,
     *,
     fenced: bool,
+    kind: str = FRESH,
+    extra_headers: dict[str, str] | None = None,
 ) -> Measurement:
     """Worker i talks to base_urls[i mod len]; `fenced` workers take a lease first and
     send a fresh Idempotency-Key with each request. With a `sampler`, CPU is accounted
@@ -152,6 +166,10 @@ async def measure(
                     )
                 )
             )
+            if kind == STALE:
+                for worker, token in enumerate(tokens):
+                    assert token is not None
+                    await release_lease(session, worker_urls[worker], token)
         loop = asyncio.get_running_loop()
         measure_from = loop.time() + warmup_s
         measure_until = measure_from + duration_s
@@ -175,12 +193,14 @@ async def measure(
                     measure_from,
                     measure_until,
                     tally,
+                    kind,
+                    extra_headers,
                 )
                 for worker, (token, tally) in enumerate(zip(tokens, tallies, strict=True))
             ),
         )
         for worker, token in enumerate(tokens):
-            if token is not None:
+            if token is not None and kind != STALE:
                 await release_lease(session, worker_urls[worker], token)
 
     latencies = sorted(latency for tally in tallies for latency in tally.latencies_s)

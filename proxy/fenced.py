@@ -130,7 +130,7 @@ async def _dispatch_admitted(
     upstream_status = result.status if isinstance(result, Answered) else None
     try:
         receipt = await runtime.store.finish_effect(
-            effect.id, event, upstream_status, reason, stored, admitted.resends
+            effect.id, event, upstream_status, reason, stored, admitted.resends, effect
         )
     except Exception:
         # Whatever failed (the store, a driver, a bug), the request may have left: the

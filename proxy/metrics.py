@@ -17,6 +17,7 @@ from core.leasing_advice import OTHER_GROUP, Ending, group_of
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
 from store import CAME_BACK, Purged, Receipt, Store
+from store.postgres import PostgresConnector
 
 # The `record` label of fenceproxy_retention_deleted_total: a field of Purged each.
 RETENTION_RECORDS = ("effects", "rejections", "leases", "resources")
@@ -117,6 +118,14 @@ class Metrics:
             "Age of the oldest DISPATCHING, UNKNOWN or CONFLICTING effect (0 when none)",
             registry=self.registry,
         )
+        # PostgreSQL's round trips (store/postgres.py RoundTrips), brought up to date
+        # at each scrape: the bench divides them by the requests of a round.
+        self.store_round_trips = Counter(
+            "fenceproxy_store_round_trips",
+            "Statements, BEGINs and COMMITs this process sent to PostgreSQL (0 on SQLite)",
+            registry=self.registry,
+        )
+        self._round_trips_seen = 0
 
         # prometheus-client's labels() takes a lock and builds a key on every call;
         # the label sets are few (routes x outcomes, codes), so keep the children.
@@ -195,4 +204,8 @@ class Metrics:
                 self.effects.labels(state.value).set(in_doubt.get(state.value, 0))
         self.blocked.set(blocked)
         self.oldest_in_doubt.set(oldest_age)
+        if isinstance(store.connector, PostgresConnector):
+            sent = store.connector.round_trips.count
+            self.store_round_trips.inc(sent - self._round_trips_seen)
+            self._round_trips_seen = sent
         return generate_latest(self.registry)

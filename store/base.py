@@ -37,8 +37,18 @@ class Connector(Protocol):
 
     async def close(self) -> None: ...
 
-    async def write(self, operation: Operation[T]) -> T:
-        """Run `operation` in a write transaction; return only after it is durable."""
+    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+        """Run `operation` in a write transaction; return only after it is durable.
+        `own_clock`: the operation's first statement answers the time (`now`, which
+        the operation sets as tx.now if not NULL) and the store id (`store_id`, checked
+        by the connector), so the connector need not ask for them first."""
+        ...
+
+    async def statement(self, query: str, **params: Any) -> Row | None:
+        """One named block as a write transaction of its own, durable on return; its
+        row answers `store_id` (checked by the connector, which passes its own as the
+        `store_id` parameter). None when this backend's block is empty: the caller then
+        does the same step by step in a write transaction."""
         ...
 
     async def read(self, operation: Operation[T]) -> T: ...

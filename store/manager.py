@@ -27,6 +27,7 @@ from core.records import (
     EffectEvent,
     EffectRecord,
     EffectState,
+    IdempotencyRecord,
     LeaseRecord,
     OpenEffect,
     Refusal,
@@ -414,7 +415,7 @@ class Store:
 
     async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:
         """Check the token and record the effect as DISPATCHING, in one transaction."""
-        decided = await self.connector.write(self._admission(token_hash, new))
+        decided = await self.connector.write(self._admission(token_hash, new), own_clock=True)
         if isinstance(decided, _Counted):
             self.refusal_tally.add(_count_key(decided.rejection))
             return decided.refusal
@@ -427,16 +428,18 @@ class Store:
         self, token_hash: str, new: NewEffect
     ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
         async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
-            lease, state = await _lease_and_state(tx, token_hash)
-            if lease is not None and lease.resource != new.resource:
-                state = None
-            existing = None
-            if new.idempotency_key is not None and state is not None:
-                existing = idempotency_record(
-                    await tx.one(
-                        "idempotency_record", resource=new.resource, key=new.idempotency_key
-                    )
-                )
+            # One statement reads it all, under the resource's lock (a round trip
+            # each is what a fenced request costs on PostgreSQL).
+            row = await tx.one(
+                "admission_state",
+                token_hash=token_hash,
+                resource=new.resource,
+                key=new.idempotency_key,
+            )
+            assert row is not None  # the query always answers one row
+            if row["now"] is not None:  # the time once the lock was held
+                tx.now = float(row["now"])
+            lease, state, existing = _admission_records(row, new.resource, new.idempotency_key)
             request = AdmissionRequest(
                 new.resource,
                 new.idempotency_key,
@@ -490,8 +493,12 @@ class Store:
                 upstream_status=None,
                 reason=None,
             )
+            # A resend leaves the key with the operation in doubt it resends, so that
+            # the resend's own failure to connect cannot free it.
+            resending = existing is not None and existing.effect_id in decision.resends
             await tx.execute(
-                "insert_effect",
+                "admit_effect",
+                claim=new.idempotency_key is not None and not resending,
                 id=effect.id,
                 route=effect.route,
                 resource=effect.resource,
@@ -506,18 +513,6 @@ class Store:
                 deadline=effect.deadline,
                 retain_s=new.retain_s,
             )
-            # A resend leaves the key with the operation in doubt it resends, so that
-            # the resend's own failure to connect cannot free it.
-            resending = existing is not None and existing.effect_id in decision.resends
-            if new.idempotency_key is not None and not resending:
-                await tx.execute(
-                    "claim_idempotency_key",
-                    resource=new.resource,
-                    key=new.idempotency_key,
-                    fingerprint=new.fingerprint,
-                    effect_id=effect.id,
-                    epoch=lease.epoch,
-                )
             return Admitted(effect, decision.resends)
 
         return operation
@@ -530,10 +525,19 @@ class Store:
         reason: str,
         response: StoredResponse | None,
         resends: tuple[str, ...] = (),
+        admitted: EffectRecord | None = None,
     ) -> Receipt:
         """Record a dispatch's receipt, as core/lifecycle.py says. A definite answer to a
-        resend settles the effects in doubt it resent."""
+        resend settles the effects in doubt it resent. `admitted`, the effect as its
+        admission recorded it, lets the receipt be decided before the store is asked,
+        and written in one statement if the effect is still as admitted."""
         assert event in lifecycle.RECEIPTS
+        if admitted is not None and not resends:
+            fast = await self._receipt_as_admitted(
+                admitted, event, upstream_status, reason, response
+            )
+            if fast is not None:
+                return fast
 
         async def operation(tx: Tx) -> Receipt:
             resent_as = {
@@ -553,16 +557,24 @@ class Store:
                         upstream_status,
                         settled_by=f"resend:{effect_id}",
                     )
-            step = await _apply(
-                tx,
-                effect_id,
-                event,
-                "dispatch",
-                self.instance_id,
-                reason,
-                upstream_status,
-                response,
-            )
+            row = None
+            if admitted is not None:
+                # Its resource is known: lock it and read the effect once, not twice.
+                await _lock_resource(tx, admitted.resource)
+                row = await tx.one("effect_for_update", id=effect_id)
+            step = None
+            if admitted is None or row is not None:
+                step = await _apply(
+                    tx,
+                    effect_id,
+                    event,
+                    "dispatch",
+                    self.instance_id,
+                    reason,
+                    upstream_status,
+                    response,
+                    row=row,
+                )
             if step is None:
                 # Only retention deletes effects, and only long-settled ones: this receipt
                 # comes from a proxy that stalled for longer than effects_days.
@@ -571,6 +583,61 @@ class Store:
             return Receipt(step.transition, step.effect, step.key_holder)
 
         return await self.connector.write(operation)
+
+    async def _receipt_as_admitted(
+        self,
+        admitted: EffectRecord,
+        event: Event,
+        upstream_status: int | None,
+        reason: str,
+        response: StoredResponse | None,
+    ) -> Receipt | None:
+        """The receipt as _apply would record it on the effect as admitted, as one
+        statement (the `receipt` block); None if the backend has no such block or the
+        effect had moved on (a sweep, an operator): then nothing was written."""
+        step = lifecycle.transition(admitted.state, event)
+        # A settled step is the only kind a receipt takes on an effect as admitted
+        # (DISPATCHING); anything else, the long way, which knows every kind.
+        if step is None or step.record is not Record.SETTLED or step.key is Key.HOLD:
+            return None
+        has_key = admitted.idempotency_key is not None
+        kept = response if step.store_response else None
+        plain = step.next is not EffectState.UNKNOWN
+        row = await self.connector.statement(
+            "receipt",
+            id=admitted.id,
+            resource=admitted.resource,
+            expected=admitted.state.value,
+            state=step.next.value,
+            upstream_status=upstream_status,
+            reason=reason,
+            probe_now=step.next is EffectState.UNKNOWN,
+            key_action=step.key.name.lower() if has_key else "keep",
+            idempotency_key=admitted.idempotency_key,
+            fingerprint=admitted.fingerprint,
+            epoch=admitted.epoch,
+            default_retain_s=DEFAULT_RETAIN_S,
+            status=kept.status if kept else None,
+            headers=json.dumps(kept.headers) if kept else None,
+            body=kept.body if kept else None,
+            key_settled_by=None if kept else "receipt",
+            kind="dispatch",
+            actor=self.instance_id,
+            # The plain receipt is in the effect's row; an UNKNOWN one is history.
+            conclusion=None if plain else step.next.value.lower(),
+        )
+        if row is None or not row["applied"]:
+            return None
+        now = float(row["now"])
+        after = replace(
+            admitted,
+            state=step.next,
+            finished_at=now,
+            upstream_status=upstream_status,
+            reason=reason,
+            next_probe_at=now if step.next is EffectState.UNKNOWN else None,
+        )
+        return Receipt(step, after)
 
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
@@ -1171,6 +1238,73 @@ async def _collect_resources(tx: Tx, leased: set[str], batch: int) -> int:
 def _json(names: set[str]) -> str:
     """Resource names as one parameter on both backends (a JSON array)."""
     return json.dumps(sorted(names))
+
+
+_LEASE_COLUMNS = (
+    "resource",
+    "epoch",
+    "holder",
+    "granted_at",
+    "expires_at",
+    "ended_at",
+    "end_reason",
+    "client",
+)
+_KEY_COLUMNS = (
+    "fingerprint",
+    "effect_id",
+    "effect_state",
+    "epoch",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "settled_by",
+)
+
+
+def _admission_records(
+    row: Row, resource: str, key: str | None
+) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
+    """The token's lease, and, for a token of this very resource, the resource's state
+    and the key's record, from admission_state's one row."""
+    if row["t_resource"] is None:
+        return None, None, None
+    lease = lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
+    assert lease is not None
+    if lease.resource != resource:
+        return lease, None, None
+    current = None
+    if row["holder"] is not None:
+        current = lease_record({**row, "resource": resource})
+    if current is not None and current.epoch == lease.epoch:
+        lease = current  # the same row, both read under the lock
+    state = ResourceState(
+        resource=resource,
+        epoch=int(row["epoch"] or 0),
+        lease=current,
+        open_effects=tuple(
+            OpenEffect(
+                id=effect_id,
+                state=EffectState(effect_state),
+                epoch=int(epoch),
+                idempotency_key=key,
+                fingerprint=fingerprint,
+            )
+            for effect_id, effect_state, epoch, key, fingerprint in json.loads(row["open_effects"])
+        ),
+        epoch_floor=int(row["epoch_floor"] or 0),
+    )
+    existing = None
+    if row["i_effect_id"] is not None:
+        existing = idempotency_record(
+            {
+                "resource": resource,
+                "key": key,
+                **{name: row[f"i_{name}"] for name in _KEY_COLUMNS},
+            }
+        )
+    return lease, state, existing
 
 
 async def _lock_resource(tx: Tx, resource: str) -> None:

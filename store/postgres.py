@@ -6,17 +6,24 @@ never both grant a live lease or admit writes under different epochs. Time is
 the database's (`now()` at the start of the transaction), so replicas with
 skewed clocks still agree on when a lease expires.
 
+A fenced request is five round trips (issue 11): its admission is BEGIN, one call
+that locks and reads (`own_clock`: it answers the time and the store id itself),
+one write, COMMIT; its receipt one statement that is its own transaction
+(`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
+
 Driver errors are translated here: nothing above the store sees asyncpg.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
-from store.base import Operation, Row, StoreError, StoreUnavailable, T
+from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.queries import load_migrations, load_queries
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
@@ -61,16 +68,69 @@ def to_positional(sql: str) -> tuple[str, list[str]]:
     return _PARAM.sub(number, sql), names
 
 
+class RoundTrips:
+    """Every exchange with the server a connector's connections made: each statement,
+    BEGIN, COMMIT and ROLLBACK (asyncpg sends each as one message and waits for its
+    answer). Not counted: preparing a statement, once per connection per statement
+    (asyncpg caches it), and opening connections. Read by the bench and the tests."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class CountingConnection(asyncpg.Connection):
+    """A connection that counts its round trips (in `round_trips`, set by its pool's
+    init). Every statement of asyncpg's public API, a transaction's BEGIN and COMMIT
+    included, goes through one of these methods."""
+
+    round_trips: RoundTrips | None = None
+
+    def _count(self) -> None:
+        if self.round_trips is not None:
+            self.round_trips.count += 1
+
+    # The overridden methods' options (timeout, record_class, column) pass through.
+    async def execute(self, query: str, *args: Any, **options: Any) -> str:
+        self._count()
+        result: str = await super().execute(query, *args, **options)
+        return result
+
+    async def fetch(self, query: str, *args: Any, **options: Any) -> list[Any]:
+        self._count()
+        result: list[Any] = await super().fetch(query, *args, **options)
+        return result
+
+    async def fetchrow(self, query: str, *args: Any, **options: Any) -> Any:
+        self._count()
+        return await super().fetchrow(query, *args, **options)
+
+    async def fetchval(self, query: str, *args: Any, **options: Any) -> Any:
+        self._count()
+        return await super().fetchval(query, *args, **options)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A pooled connection's reset: nothing. asyncpg's default sends a reset query on
+    every release (a round trip per transaction); this store leaves nothing in a
+    session to reset: no LISTEN, no cursors or prepared statements of its own, no
+    settings, and transaction-level advisory locks only (migrate's session lock is
+    released in its `finally`). A transaction left open is rolled back by asyncpg
+    before this is called."""
+
+
 class PostgresTx:
     def __init__(
         self,
         conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
         queries: dict[str, tuple[str, list[str]]],
         now: float,
+        identify: Callable[[Row], None] | None = None,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self.now = now
+        # own_clock: the first row answered carries the store id, checked by this.
+        self._identify = identify
 
     def _args(self, query: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         sql, names = self._queries[query]
@@ -79,7 +139,11 @@ class PostgresTx:
     async def one(self, query: str, **params: Any) -> Row | None:
         sql, args = self._args(query, params)
         row = await self._conn.fetchrow(sql, *args)
-        return dict(row) if row is not None else None
+        found = dict(row) if row is not None else None
+        if self._identify is not None:
+            identify, self._identify = self._identify, None
+            identify(found or {})
+        return found
 
     async def all(self, query: str, **params: Any) -> list[Row]:
         sql, args = self._args(query, params)
@@ -102,6 +166,7 @@ class PostgresConnector:
             name: to_positional(sql) for name, sql in load_queries("postgres.sql").items()
         }
         self._pool: asyncpg.Pool | None = None
+        self.round_trips = RoundTrips()
         # The store id seen at open; once a transaction finds another, for good.
         self.store_id: str | None = None
         self.lost: str | None = None
@@ -109,7 +174,12 @@ class PostgresConnector:
     async def open(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self.url, min_size=self.min_size, max_size=self.max_size
+                self.url,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                connection_class=CountingConnection,
+                init=self._count_round_trips,
+                reset=_keep_session,
             )
             await self.migrate()
             self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
@@ -117,6 +187,10 @@ class PostgresConnector:
         except _OPEN_FAILED as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
+
+    async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
+        assert isinstance(conn, CountingConnection)
+        conn.round_trips = self.round_trips
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -160,33 +234,60 @@ class PostgresConnector:
         )
         return self.lost
 
-    async def write(self, operation: Operation[T]) -> T:
-        return await self._run(operation, readonly=False)
+    def _identify(self, row: Row) -> None:
+        found = row.get("store_id")
+        if found != self.store_id:
+            raise StoreUnavailable(self._lose(f"now {found}"))
+
+    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+        return await self._run(operation, readonly=False, own_clock=own_clock)
 
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
 
-    async def _run(self, operation: Operation[T], readonly: bool) -> T:
+    async def statement(self, query: str, **params: Any) -> Row | None:
+        """One round trip: a single statement is a transaction of its own."""
+
+        async def operation(tx: Tx) -> Row | None:
+            return await tx.one(query, **params, store_id=self.store_id)
+
+        return await self._run(operation, readonly=False, own_clock=True, transaction=False)
+
+    async def _run(
+        self,
+        operation: Operation[T],
+        readonly: bool,
+        own_clock: bool = False,
+        transaction: bool = True,
+    ) -> T:
         if self._pool is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
         for attempt in range(RETRIES):
             try:
-                async with self._pool.acquire() as conn, conn.transaction(readonly=readonly):
-                    row = await conn.fetchrow(_NOW)
-                    found = None if row is None else row["store_id"]
-                    if row is None or found != self.store_id:
-                        raise StoreUnavailable(self._lose(f"now {found}"))
-                    now = float(row["now"])
-                    return await operation(PostgresTx(conn, self._queries, now))
+                async with self._pool.acquire() as conn:
+                    if not transaction:
+                        return await operation(
+                            PostgresTx(conn, self._queries, math.nan, self._identify)
+                        )
+                    async with conn.transaction(readonly=readonly):
+                        if own_clock:
+                            tx = PostgresTx(conn, self._queries, math.nan, self._identify)
+                            return await operation(tx)
+                        row = await conn.fetchrow(_NOW)
+                        self._identify(dict(row) if row is not None else {})
+                        assert row is not None
+                        now = float(row["now"])
+                        return await operation(PostgresTx(conn, self._queries, now))
             except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
                 if attempt == RETRIES - 1:
                     raise StoreUnavailable("the transaction kept conflicting; try again") from None
             except _CONNECTION_LOST as exc:
                 raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
-            except asyncpg.UndefinedTableError as exc:
-                # The schema is gone under the open pool (the database was recreated).
+            except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
+                # The schema is gone under the open pool (the database was recreated),
+                # its functions (migration 0013) with it.
                 raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except asyncpg.PostgresError as exc:
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc

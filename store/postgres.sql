@@ -98,15 +98,6 @@ SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i
 FROM idempotency i JOIN effects e ON e.id = i.effect_id
 WHERE i.resource = :resource AND i.key = :key
 
--- claim_idempotency_key --
--- No expiry while the effect is unsettled: retention runs from settlement.
-INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
-VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
-ON CONFLICT (resource, key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
-    epoch = excluded.epoch, expires_at = NULL,
-    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
-
 -- commit_idempotency_key --
 -- The operation took effect: from now on its key replays (the response, if one was
 -- seen) for retain_s, whichever effect of the operation held the key before.
@@ -139,12 +130,6 @@ DELETE FROM idempotency WHERE effect_id = :effect_id
 INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
 VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
 ON CONFLICT (resource, key) DO NOTHING
-
--- insert_effect --
-INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
-                     method, path, state, instance_id, created_at, deadline, retain_s)
-VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
-        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s)
 
 -- transition_effect --
 -- One step of core/lifecycle.py's table, guarded by the state it was decided on: the
@@ -447,3 +432,39 @@ SELECT resource, epoch, holder, client, granted_at, expires_at, ended_at, end_re
        came_back_at
 FROM leases WHERE granted_at >= :since AND (ended_at IS NOT NULL OR expires_at <= :now)
 ORDER BY granted_at DESC LIMIT :limit
+
+-- admission_state --
+-- Everything an admission decides on, in one round trip, read once the resource's
+-- row lock is held (see migration 0013 for why a function): columns t_* are the
+-- token's lease, then resource_state's, open_effects is effects_in_doubt as a JSON
+-- array of [id, state, epoch, idempotency_key, fingerprint], i_* the key's record.
+-- Also the time once the lock was held, and the store id.
+SELECT * FROM fenceproxy_admission_state(:token_hash, :resource, :key)
+
+-- admit_effect --
+-- The admitted effect and, unless :claim is false, its key's claim (no expiry while
+-- the effect is unsettled: retention runs from settlement): one statement, one round
+-- trip.
+WITH effect AS (
+    INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                         method, path, state, instance_id, created_at, deadline, retain_s)
+    VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
+            :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s)
+    RETURNING id
+)
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+SELECT :resource, :idempotency_key, :fingerprint, effect.id, :epoch, NULL FROM effect
+WHERE :claim::boolean
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = NULL,
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
+
+-- receipt --
+-- A receipt decided from the state its admission left, as its own transaction in one
+-- statement (migration 0013): applied is false when the effect had moved on, and
+-- nothing was written then.
+SELECT * FROM fenceproxy_receipt(
+    :store_id, :id, :resource, :expected, :state, :upstream_status, :reason, :probe_now,
+    :key_action, :idempotency_key, :fingerprint, :epoch, :default_retain_s,
+    :status, :headers, :body, :key_settled_by, :kind, :actor, :conclusion)

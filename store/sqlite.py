@@ -46,6 +46,10 @@ _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 Outcome = tuple[bool, Any]
 A = TypeVar("A")
 FileIdentity = tuple[int, int]
+# Each named block as its statements: a block may hold several (no round trips here to
+# save, but the same block on PostgreSQL is one statement); empty for a block this
+# backend does not need.
+Queries = dict[str, tuple[str, ...]]
 
 
 def _file_identity(path: Path) -> FileIdentity | None:
@@ -60,26 +64,32 @@ def _file_identity(path: Path) -> FileIdentity | None:
 class SQLiteTx:
     """Statements on the connection thread; `async` only to share the Tx protocol."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str], now: float) -> None:
+    def __init__(self, conn: sqlite3.Connection, queries: Queries, now: float) -> None:
         self._conn = conn
         self._queries = queries
         self.now = now
 
-    async def one(self, query: str, **params: Any) -> Row | None:
-        sql = self._queries[query]
-        if not sql:  # a block this backend does not need (see lock_resource)
+    def _cursor(self, query: str, params: dict[str, Any]) -> sqlite3.Cursor | None:
+        """The block's statements run in order; the cursor of its last (None: empty)."""
+        statements = self._queries[query]
+        if not statements:  # a block this backend does not need (see lock_resource)
             return None
-        row = self._conn.execute(sql, params).fetchone()
+        for sql in statements[:-1]:
+            self._conn.execute(sql, params)
+        return self._conn.execute(statements[-1], params)
+
+    async def one(self, query: str, **params: Any) -> Row | None:
+        cursor = self._cursor(query, params)
+        row = cursor.fetchone() if cursor is not None else None
         return dict(row) if row is not None else None
 
     async def all(self, query: str, **params: Any) -> list[Row]:
-        return [dict(row) for row in self._conn.execute(self._queries[query], params)]
+        cursor = self._cursor(query, params)
+        return [dict(row) for row in cursor] if cursor is not None else []
 
     async def execute(self, query: str, **params: Any) -> int:
-        sql = self._queries[query]
-        if not sql:  # a block this backend does not need (see lock_resource)
-            return 0
-        return self._conn.execute(sql, params).rowcount
+        cursor = self._cursor(query, params)
+        return cursor.rowcount if cursor is not None else 0
 
 
 async def on_connection_thread(
@@ -134,7 +144,9 @@ class SQLiteConnector:
     def __init__(self, url: str, clock: Callable[[], float]) -> None:
         self.path, self.synchronous = parse_sqlite_url(url)
         self._clock = clock
-        self._queries = load_queries("sqlite.sql")
+        self._queries: Queries = {
+            name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
+        }
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]]] = asyncio.Queue()
@@ -229,7 +241,8 @@ class SQLiteConnector:
                     break
         return self.lost
 
-    async def write(self, operation: Operation[T]) -> T:
+    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+        # own_clock: this backend's clock is the connector's anyway.
         if self._write_task is None or self._write_task.done():
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
@@ -237,6 +250,13 @@ class SQLiteConnector:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending.put_nowait((operation, future))
         return await future
+
+    async def statement(self, query: str, **params: Any) -> Row | None:
+        """A block as a transaction of its own: nothing to save here, where a
+        transaction costs no round trip, so every such block is empty (see receipt)."""
+        if self._queries[query]:
+            raise StoreError(f"{query} is a block of several steps on SQLite")
+        return None
 
     async def read(self, operation: Operation[T]) -> T:
         if self._reader is None:
@@ -313,6 +333,11 @@ class SQLiteConnector:
             )
             return [(False, error)] * len(operations)
         return results
+
+
+def block_statements(sql: str) -> tuple[str, ...]:
+    """A named block's statements, in order (none for an empty block)."""
+    return tuple(_split_statements(sql if sql.endswith(";") else f"{sql};")) if sql else ()
 
 
 def _split_statements(sql: str) -> list[str]:

@@ -22,7 +22,7 @@ FROM leases WHERE token_hash = :token_hash
 -- effects_in_doubt --
 -- The resource's unsettled effects, which block it (core/lifecycle.py BLOCKING).
 SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
-WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+WHERE resource = :resource AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 ORDER BY created_at
 
 -- set_resource_epoch --
@@ -84,15 +84,6 @@ SELECT i.resource, i.key, i.fingerprint, i.effect_id, e.state AS effect_state, i
 FROM idempotency i JOIN effects e ON e.id = i.effect_id
 WHERE i.resource = :resource AND i.key = :key
 
--- claim_idempotency_key --
--- No expiry while the effect is unsettled: retention runs from settlement.
-INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
-VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
-ON CONFLICT (resource, key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
-    epoch = excluded.epoch, expires_at = NULL,
-    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
-
 -- commit_idempotency_key --
 -- The operation took effect: from now on its key replays (the response, if one was
 -- seen) for retain_s, whichever effect of the operation held the key before.
@@ -125,12 +116,6 @@ DELETE FROM idempotency WHERE effect_id = :effect_id
 INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
 VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, NULL)
 ON CONFLICT (resource, key) DO NOTHING
-
--- insert_effect --
-INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
-                     method, path, state, instance_id, created_at, deadline, retain_s)
-VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
-        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s)
 
 -- transition_effect --
 -- One step of core/lifecycle.py's table, guarded by the state it was decided on: the
@@ -166,13 +151,13 @@ ORDER BY created_at DESC LIMIT :limit
 -- effects_in_state --
 -- A settled state, from the partial index effects_settled.
 SELECT * FROM effects
-WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT') AND state = :state
+WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- in_doubt_effects_in_state --
 -- A state in doubt: the partial index effects_open holds only those.
 SELECT * FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state = :state
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- insert_rejection --
@@ -241,7 +226,7 @@ SELECT 1 AS acquired
 -- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
 -- matter, and without it no plan has to sort every candidate before the LIMIT.
 SELECT id FROM effects
-WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
+WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT')
   AND created_at < :horizon AND finished_at < :horizon
   AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
                   AND (i.expires_at IS NULL OR i.expires_at > :now))
@@ -317,7 +302,7 @@ SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events
 WHERE effect_id = :effect_id ORDER BY id
 
 -- in_doubt_effects --
-SELECT * FROM effects WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+SELECT * FROM effects WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 ORDER BY created_at LIMIT :limit
 
 -- due_probes --
@@ -341,17 +326,17 @@ WHERE id = :id AND state = 'UNKNOWN'
 -- Only the states in doubt, from the partial index effects_open: a scrape never
 -- counts the settled history (the settled are counted as they settle, in memory).
 SELECT state, count(*) AS n FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') GROUP BY state
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') GROUP BY state
 
 -- blocked_resources --
 -- Resources waiting for reconciliation (a request merely in flight is not counted).
 -- Spelled so that it matches the partial index effects_open's predicate.
 SELECT count(DISTINCT resource) AS n FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state <> 'DISPATCHING'
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND state <> 'DISPATCHING'
 
 -- oldest_in_doubt --
 SELECT min(created_at) AS oldest FROM effects
-WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 
 -- epoch_floor_and_max --
 SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
@@ -403,3 +388,52 @@ SELECT resource, epoch, holder, client, granted_at, expires_at, ended_at, end_re
        came_back_at
 FROM leases WHERE granted_at >= :since AND (ended_at IS NOT NULL OR expires_at <= :now)
 ORDER BY granted_at DESC LIMIT :limit
+
+-- admission_state --
+-- Everything an admission decides on, in one statement (the file's write lock is
+-- already held): columns t_* are the token's lease, then resource_state's,
+-- open_effects is effects_in_doubt as a JSON array of [id, state, epoch,
+-- idempotency_key, fingerprint], i_* the key's record. The time and the store id are
+-- the connector's own here (NULL).
+SELECT NULL AS now, NULL AS store_id,
+       t.resource AS t_resource, t.epoch AS t_epoch, t.holder AS t_holder,
+       t.granted_at AS t_granted_at, t.expires_at AS t_expires_at, t.ended_at AS t_ended_at,
+       t.end_reason AS t_end_reason, t.client AS t_client,
+       r.epoch, m.epoch_floor, l.holder, l.granted_at, l.expires_at, l.ended_at,
+       l.end_reason, l.client,
+       (SELECT json_group_array(json_array(o.id, o.state, o.epoch, o.idempotency_key,
+                                           o.fingerprint))
+        FROM (SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
+              WHERE resource = :resource
+                AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
+              ORDER BY created_at) AS o) AS open_effects,
+       i.fingerprint AS i_fingerprint, i.effect_id AS i_effect_id, e.state AS i_effect_state,
+       i.epoch AS i_epoch, i.expires_at AS i_expires_at,
+       i.response_status AS i_response_status, i.response_headers AS i_response_headers,
+       i.response_body AS i_response_body, i.settled_by AS i_settled_by
+FROM store_meta m
+LEFT JOIN leases t ON t.token_hash = :token_hash
+LEFT JOIN resources r ON r.resource = :resource
+LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+LEFT JOIN idempotency i ON i.resource = :resource AND i.key = :key
+LEFT JOIN effects e ON e.id = i.effect_id
+
+-- admit_effect --
+-- The admitted effect and, unless :claim is false, its key's claim (no expiry while
+-- the effect is unsettled: retention runs from settlement). Two statements, run in
+-- order in the one transaction.
+INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key, fingerprint,
+                     method, path, state, instance_id, created_at, deadline, retain_s)
+VALUES (:id, :route, :resource, :holder, :epoch, :idempotency_key, :fingerprint,
+        :method, :path, 'DISPATCHING', :instance_id, :created_at, :deadline, :retain_s);
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at)
+SELECT :resource, :idempotency_key, :fingerprint, :id, :epoch, NULL
+WHERE :claim
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = NULL,
+    response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
+
+-- receipt --
+-- Nothing to save here: a receipt is a few statements in a transaction that costs no
+-- round trips, so this block is empty and the receipt is recorded step by step.

@@ -213,6 +213,10 @@ class Replica:
         self.authority = authority
         self.instance_id = instance_id
         self._store: Store | None = None
+        # Each effect as its admission recorded it, passed with its receipt as
+        # proxy/fenced.py does (the receipt is then decided from it, in one statement
+        # on PostgreSQL, if the effect is still as admitted).
+        self._admitted: dict[str, EffectRecord] = {}
 
     @property
     def store(self) -> Store:
@@ -289,6 +293,7 @@ class Replica:
         decision = await self.store.admit(token_hash, new)
         if isinstance(decision, Admitted):
             effect = decision.effect
+            self._admitted[effect.id] = effect
             return AdmittedEffect(
                 effect.id, effect.epoch, effect.created_at, effect.deadline, decision.resends
             )
@@ -314,7 +319,13 @@ class Replica:
         if event is Event.ANSWERED_COMMITTED and upstream_status is not None:
             stored = StoredResponse(upstream_status, (("Content-Type", "application/json"),), b"{}")
         receipt = await self.store.finish_effect(
-            effect_id, event, upstream_status, reason, stored, resends
+            effect_id,
+            event,
+            upstream_status,
+            reason,
+            stored,
+            resends,
+            self._admitted.pop(effect_id, None),
         )
         told = _told(receipt.transition.answer, event, receipt.effect.state)
         return Receipt(_CLAIMED[event].value, reason, told)

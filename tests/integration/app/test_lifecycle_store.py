@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -19,11 +20,11 @@ from aiohttp.test_utils import TestServer
 
 from core.fencing import Replay
 from core.lifecycle import Event
-from core.records import EffectState, Refusal, StoredResponse
+from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from policies import parse_policy
 from proxy.forwarding import new_client_session
 from reconcile.prober import probe_effect
-from store import Admitted, NewEffect, Store
+from store import Admitted, NewEffect, Receipt, Store
 from tests.integration.app import backends
 from tests.integration.app.conftest import FakeClock
 from tests.integration.app.test_store_contract import (
@@ -60,9 +61,47 @@ def order(
     )
 
 
-@pytest.fixture
-async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
+@pytest.fixture(params=["step_by_step", "as_admitted"])
+async def store(
+    store_url: str,
+    clock: FakeClock,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Store]:
+    """The store, its receipts recorded step by step, or, as the proxy records them,
+    from the effect as admitted (`finish_effect(admitted=...)`: on PostgreSQL one
+    statement that writes only if the effect is still as admitted)."""
     async with running_store(store_url, clock) as opened:
+        if request.param == "as_admitted":
+            as_admitted: dict[str, EffectRecord] = {}
+            admit, finish = opened.admit, opened.finish_effect
+
+            async def admit_and_remember(token_hash: str, new: NewEffect) -> Any:
+                decision = await admit(token_hash, new)
+                if isinstance(decision, Admitted):
+                    as_admitted[decision.effect.id] = decision.effect
+                return decision
+
+            async def finish_as_admitted(
+                effect_id: str,
+                event: Event,
+                upstream_status: int | None,
+                reason: str,
+                response: StoredResponse | None,
+                resends: tuple[str, ...] = (),
+            ) -> Receipt:
+                return await finish(
+                    effect_id,
+                    event,
+                    upstream_status,
+                    reason,
+                    response,
+                    resends,
+                    admitted=as_admitted.get(effect_id),
+                )
+
+            monkeypatch.setattr(opened, "admit", admit_and_remember)
+            monkeypatch.setattr(opened, "finish_effect", finish_as_admitted)
         yield opened
 
 

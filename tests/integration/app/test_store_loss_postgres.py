@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from store import Store, StoreUnavailable
+from core.lifecycle import Event
+from core.records import EffectRecord
+from store import Admitted, NewEffect, Store, StoreUnavailable
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock
-from tests.integration.app.test_store_contract import acquire, granted, running_store
+from tests.integration.app.test_store_contract import (
+    acquire,
+    granted,
+    new_token_hash,
+    running_store,
+)
 
 
 @pytest.fixture
@@ -62,3 +69,65 @@ async def test_a_schema_dropped_under_the_pool_is_unavailable_not_a_bug(
             " EXECUTE format('CREATE SCHEMA %I', s); END $$",
         )
         await assert_lost(store, "its tables are gone")
+
+
+async def admitted_effect(store: Store) -> tuple[str, EffectRecord]:
+    token_hash = new_token_hash()
+    granted(await store.acquire("fenced", "w", 30, token_hash))
+    new = NewEffect("route", "fenced", "k-1", "fp", "POST", "/x", 1, 5.0, 60.0)
+    decision = await store.admit(token_hash, new)
+    assert isinstance(decision, Admitted), decision
+    return token_hash, decision.effect
+
+
+async def receipt_as_admitted(store: Store, effect: EffectRecord) -> None:
+    await store.finish_effect(
+        effect.id, Event.ANSWERED_COMMITTED, 201, "201", None, admitted=effect
+    )
+
+
+async def test_a_receipt_in_one_statement_checks_the_store_and_writes_nothing_to_another(
+    store_url: str, clock: FakeClock
+) -> None:
+    async with running_store(store_url, clock) as store:
+        _, effect = await admitted_effect(store)
+        await on_the_side(store_url, "UPDATE store_identity SET store_id = 'another-store'")
+
+        with pytest.raises(StoreUnavailable, match="now another-store"):
+            await receipt_as_admitted(store, effect)
+
+        assert await backends.rows(
+            store_url, "SELECT state FROM effects WHERE id = ?", (effect.id,)
+        ) == [("DISPATCHING",)]
+        await assert_lost(store, "now another-store")
+
+
+async def test_an_admission_reads_the_store_id_with_its_records(
+    store_url: str, clock: FakeClock
+) -> None:
+    async with running_store(store_url, clock) as store:
+        token_hash, _ = await admitted_effect(store)
+        await on_the_side(store_url, "UPDATE store_identity SET store_id = 'another-store'")
+
+        with pytest.raises(StoreUnavailable, match="now another-store"):
+            await store.admit(
+                token_hash, NewEffect("route", "fenced", "k-2", "fp", "POST", "/x", 1, 5.0, 60.0)
+            )
+
+        assert await backends.rows(store_url, "SELECT count(*) FROM effects") == [(1,)]
+
+
+async def test_a_receipt_after_the_schema_was_dropped_is_unavailable_not_a_bug(
+    store_url: str, clock: FakeClock
+) -> None:
+    async with running_store(store_url, clock) as store:
+        _, effect = await admitted_effect(store)
+        await on_the_side(
+            store_url,
+            "DO $$ DECLARE s text := current_schema(); BEGIN"
+            " EXECUTE format('DROP SCHEMA %I CASCADE', s);"
+            " EXECUTE format('CREATE SCHEMA %I', s); END $$",
+        )
+
+        with pytest.raises(StoreUnavailable, match="its tables are gone"):
+            await receipt_as_admitted(store, effect)
