@@ -316,8 +316,11 @@ def test_plain_http_to_a_tls_listener_gets_no_answer(tls_listener: TlsStack) -> 
 # -- mutual TLS --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def mutual_tls(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+def start_mutual_tls(
+    tmp_path: Path, certificates: Certificates, top_level: str = ""
+) -> Iterator[TlsStack]:
+    """A listener that requires a client certificate from the proxy's CA; the stack's
+    client presents the worker's."""
     yield from start_stack(
         tmp_path,
         listen_tls={
@@ -329,7 +332,13 @@ def mutual_tls(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]
         supplier_ca_bundle=None,
         client_tls=client_context(certificates.proxy_ca, certificates.worker),
         upstream_ca=None,
+        top_level=top_level,
     )
+
+
+@pytest.fixture
+def mutual_tls(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+    yield from start_mutual_tls(tmp_path, certificates)
 
 
 def test_mutual_tls_serves_a_client_whose_certificate_chains_to_the_client_ca(
@@ -374,19 +383,7 @@ auth:
 
 @pytest.fixture
 def mutual_tls_clients(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
-    yield from start_stack(
-        tmp_path,
-        listen_tls={
-            "cert": "tls/proxy-server.pem",
-            "key": "tls/proxy-server-key.pem",
-            "client_ca": "tls/proxy-ca.pem",
-        },
-        upstream_tls=None,
-        supplier_ca_bundle=None,
-        client_tls=client_context(certificates.proxy_ca, certificates.worker),
-        upstream_ca=None,
-        top_level=CERT_CLIENTS,
-    )
+    yield from start_mutual_tls(tmp_path, certificates, top_level=CERT_CLIENTS)
 
 
 def test_a_verified_certificates_subject_names_the_client_without_a_key(
