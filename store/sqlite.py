@@ -1,8 +1,8 @@
-"""SQLite backend through aiosqlite: WAL, synchronous=FULL, group commit.
+"""SQLite backend: WAL, synchronous=FULL, group commit, a thread per connection.
 
 Every admission and every receipt is a durable commit. Paying one fsync per
 request would cap throughput at the disk's flush rate, so writes queue up and
-one task runs whatever has queued in a single transaction: each operation
+the writer's thread runs whatever has queued in a single transaction: each operation
 still sees the effects of the ones before it (they run one after another on
 one connection), and none is acknowledged before the COMMIT that holds it
 returned. If an operation fails, the batch is rolled back and its operations
@@ -17,26 +17,28 @@ One stat() per file per batch costs microseconds against a commit's fsync. A
 mismatch is final: the store answers StoreUnavailable until the process restarts
 (and a restart on a store it does not know is refused, see proxy/identity.py).
 
-A whole batch runs in one hop to aiosqlite's connection thread: the store's
-operations are coroutines that only await this module's transaction methods,
-which never suspend, so the thread can drive them to completion itself. A hop
-per statement (aiosqlite's public API) costs more than the statements do, and
-aiosqlite has no public way to run a function of ours on its thread:
-`on_connection_thread` is the one place that uses its private members for that.
+Each connection has a thread of its own that alone uses it (`ConnectionThread`).
+The writer's thread takes what has queued itself, runs it as one batch and wakes
+the waiters from there: the event loop neither forms batches nor hands them over,
+so the next batch starts as soon as the last one committed. A whole batch runs on
+that thread in one go: the store's operations are coroutines that only await this
+module's transaction methods, which never suspend, so the thread drives them to
+completion itself (`_drive`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
-
-import aiosqlite
 
 from store.base import Operation, Row, StoreError, StoreUnavailable, T
 from store.queries import load_migrations, load_queries
@@ -92,21 +94,6 @@ class SQLiteTx:
         return cursor.rowcount if cursor is not None else 0
 
 
-async def on_connection_thread(
-    conn: aiosqlite.Connection, function: Callable[[sqlite3.Connection, A], T], argument: A
-) -> T:
-    """`function(the sqlite3 connection, argument)`, run on the connection's own thread.
-
-    aiosqlite (0.20-0.22, as pyproject bounds it) has no public API for this; it uses
-    `Connection._execute` (queue a callable for the connection's thread, await its
-    result) and `Connection._conn` (the sqlite3 connection that thread owns) itself.
-    tests/unit/test_sqlite_connection_thread.py pins both, so an aiosqlite release
-    that changes them fails a test rather than the store.
-    """
-    result: T = await conn._execute(function, conn._conn, argument)  # type: ignore[no-untyped-call]
-    return result
-
-
 def _resolve(futures: list[asyncio.Future[Any]], outcomes: list[Outcome]) -> None:
     for future, (ok, value) in zip(futures, outcomes, strict=True):
         if future.done():  # its waiter was cancelled
@@ -140,6 +127,138 @@ def parse_sqlite_url(url: str) -> tuple[Path, str]:
     return Path(raw_path), synchronous
 
 
+class _Call:
+    """A function for the connection's thread, run on its own."""
+
+    __slots__ = ("argument", "function")
+
+    def __init__(self, function: Callable[[sqlite3.Connection, Any], Any], argument: Any) -> None:
+        self.function = function
+        self.argument = argument
+
+
+_Job = tuple[Operation[Any] | _Call, asyncio.Future[Any]]
+# Runs a batch of operations on the connection, one outcome each.
+BatchRunner = Callable[[sqlite3.Connection, list[Operation[Any]]], list[Outcome]]
+
+
+class ConnectionThread:
+    """One sqlite3 connection and the one thread that uses it.
+
+    `call` runs a function on the thread. `submit` queues a store operation; the
+    thread runs whatever operations have queued (up to MAX_BATCH) as one batch
+    through `run_batch`, and resolves each waiter from the thread itself.
+    """
+
+    def __init__(
+        self, name: str, connect: Callable[[], sqlite3.Connection], run_batch: BatchRunner
+    ) -> None:
+        self._connect = connect
+        self._run_batch = run_batch
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._started = False
+        self._closed = False
+
+    async def start(self) -> None:
+        """Start the thread and open its connection (errors reach the caller)."""
+        self._thread.start()
+        self._started = True
+        await self.call(lambda conn, _: None, None)
+
+    def call(
+        self, function: Callable[[sqlite3.Connection, A], T], argument: A
+    ) -> asyncio.Future[T]:
+        """`function(connection, argument)` on the thread, queued now, in order."""
+        return self._enqueue(_Call(function, argument))
+
+    def submit(self, operation: Operation[T]) -> asyncio.Future[T]:
+        """A store operation, queued now, to run in the next batch."""
+        return self._enqueue(operation)
+
+    def _enqueue(self, job: Operation[Any] | _Call) -> asyncio.Future[Any]:
+        if not self._started or self._closed:
+            raise StoreUnavailable("the store is not open")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._jobs.put((job, future))
+        return future
+
+    async def stop(self) -> None:
+        """Let the thread finish what was queued, close the connection, and end."""
+        if not self._started or self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        failure: Exception | None = None
+        try:
+            conn = self._connect()
+        except Exception as exc:  # answered to every job, the first being start()'s
+            failure = exc
+        held: collections.deque[_Job | None] = collections.deque()
+        while True:
+            job = held.popleft() if held else self._jobs.get()
+            if job is None:
+                break
+            work, future = job
+            if isinstance(work, _Call):
+                futures, outcomes = [future], [_call(conn, work, failure)]
+            else:
+                batch = [job, *self._queued_operations(held)]
+                futures = [future for _, future in batch]
+                operations = [work for work, _ in batch if not isinstance(work, _Call)]
+                outcomes = self._batch_outcomes(conn, failure, operations)
+            _wake(futures, outcomes)
+        if conn is not None:
+            conn.close()
+
+    def _batch_outcomes(
+        self,
+        conn: sqlite3.Connection | None,
+        failure: Exception | None,
+        operations: list[Operation[Any]],
+    ) -> list[Outcome]:
+        if conn is None:
+            return [(False, failure)] * len(operations)
+        try:
+            return self._run_batch(conn, operations)
+        except Exception as exc:  # a bug: its waiters hear of it, the thread goes on
+            return [(False, exc)] * len(operations)
+
+    def _queued_operations(self, held: collections.deque[_Job | None]) -> list[_Job]:
+        """The operations queued now, up to a batch; the first other job is held back."""
+        found: list[_Job] = []
+        while len(found) < MAX_BATCH - 1:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is None or isinstance(job[0], _Call):
+                held.append(job)
+                break
+            found.append(job)
+        return found
+
+
+def _call(conn: sqlite3.Connection | None, call: _Call, failure: Exception | None) -> Outcome:
+    if conn is None:
+        return False, failure
+    try:
+        return True, call.function(conn, call.argument)
+    except Exception as exc:
+        return False, exc
+
+
+def _wake(futures: list[asyncio.Future[Any]], outcomes: list[Outcome]) -> None:
+    """Resolve the waiters on their loop, from the connection's thread."""
+    loop = futures[0].get_loop()
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+        loop.call_soon_threadsafe(_resolve, futures, outcomes)
+
+
 class SQLiteConnector:
     def __init__(self, url: str, clock: Callable[[], float]) -> None:
         self.path, self.synchronous = parse_sqlite_url(url)
@@ -147,22 +266,24 @@ class SQLiteConnector:
         self._queries: Queries = {
             name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
         }
-        self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
-        self._pending: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]]] = asyncio.Queue()
-        self._write_task: asyncio.Task[None] | None = None
+        self._writer: ConnectionThread | None = None
+        self._reader: ConnectionThread | None = None
         # The files opened (the database, and its -wal when there is one) and their
         # identity then; set once a check finds one deleted or replaced, for good.
         self._files: dict[Path, FileIdentity] = {}
         self.lost: str | None = None
 
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
+    def _connect(self, *pragmas: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        await conn.execute("PRAGMA busy_timeout = 10000")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        # The working set (leases, recent effects, keys) stays in memory: 64 MiB.
-        await conn.execute("PRAGMA cache_size = -65536")
+        for pragma in (
+            "busy_timeout = 10000",
+            "foreign_keys = ON",
+            # The working set (leases, recent effects, keys) stays in memory: 64 MiB.
+            "cache_size = -65536",
+            *pragmas,
+        ):
+            conn.execute(f"PRAGMA {pragma}")
         return conn
 
     async def open(self) -> None:
@@ -170,15 +291,23 @@ class SQLiteConnector:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self.path.parent}: {exc}") from exc
+        self._writer = ConnectionThread(
+            "sqlite-writer",
+            lambda: self._connect("journal_mode = WAL", f"synchronous = {self.synchronous}"),
+            self._write_batch,
+        )
+        self._reader = ConnectionThread(
+            "sqlite-reader", lambda: self._connect("query_only = ON"), self._read_batch
+        )
         try:
-            self._writer = await self._connect()
-            await self._writer.execute("PRAGMA journal_mode = WAL")
-            await self._writer.execute(f"PRAGMA synchronous = {self.synchronous}")
-            await self._migrate(self._writer)
-            self._reader = await self._connect()
-            await self._reader.execute("PRAGMA query_only = ON")
+            await self._writer.start()
+            await self._writer.call(self._migrate, None)
+            await self._reader.start()
             # A read opens (or creates) the -wal file, so that both exist from here on.
-            await self._reader.execute_fetchall("SELECT count(*) FROM schema_migrations")
+            await self._reader.call(
+                lambda conn, _: conn.execute("SELECT count(*) FROM schema_migrations").fetchall(),
+                None,
+            )
         except sqlite3.Error as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
@@ -188,43 +317,40 @@ class SQLiteConnector:
             identity = _file_identity(path)
             if identity is not None:
                 self._files[path] = identity
-        self._write_task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
 
     async def close(self) -> None:
-        if self._write_task is not None:
-            self._write_task.cancel()
-            await asyncio.gather(self._write_task, return_exceptions=True)
-            self._write_task = None
-        while not self._pending.empty():
-            _, future = self._pending.get_nowait()
-            if not future.done():
-                future.set_exception(StoreUnavailable("the store is closing"))
-        for conn in (self._writer, self._reader):
-            if conn is not None:
-                await conn.close()
+        for thread in (self._writer, self._reader):
+            if thread is not None:
+                await thread.stop()
         self._writer = self._reader = None
 
-    async def _migrate(self, conn: aiosqlite.Connection) -> None:
-        await conn.execute(
+    async def pragma(self, name: str) -> Any:
+        """The writer connection's setting `name` (journal_mode, synchronous, ...)."""
+        if self._writer is None:
+            raise StoreUnavailable("the store is not open")
+        return await self._writer.call(
+            lambda conn, _: conn.execute(f"PRAGMA {name}").fetchone()[0], None
+        )
+
+    def _migrate(self, conn: sqlite3.Connection, _: None) -> None:
+        conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations "
             "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
         )
-        applied = {
-            row[0] for row in await conn.execute_fetchall("SELECT version FROM schema_migrations")
-        }
+        applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
         for version, name, sql in load_migrations("sqlite"):
             if version in applied:
                 continue
-            await conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in _split_statements(sql):
-                    await conn.execute(statement)
-                await conn.execute(
+                    conn.execute(statement)
+                conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, self._clock())
                 )
-                await conn.execute("COMMIT")
+                conn.execute("COMMIT")
             except BaseException:
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
                 raise
 
     def _check_files(self) -> str | None:
@@ -243,13 +369,11 @@ class SQLiteConnector:
 
     async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
         # own_clock: this backend's clock is the connector's anyway.
-        if self._write_task is None or self._write_task.done():
+        if self._writer is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.put_nowait((operation, future))
-        return await future
+        return await self._writer.submit(operation)
 
     async def statement(self, query: str, **params: Any) -> Row | None:
         """A block as a transaction of its own: nothing to save here, where a
@@ -261,12 +385,15 @@ class SQLiteConnector:
     async def read(self, operation: Operation[T]) -> T:
         if self._reader is None:
             raise StoreUnavailable("the store is not open")
-        ok, value = await on_connection_thread(self._reader, self._read_in_thread, operation)
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
+        return await self._reader.submit(operation)
 
-    def _read_in_thread(self, conn: sqlite3.Connection, operation: Operation[Any]) -> Outcome:
+    def _read_batch(
+        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
+    ) -> list[Outcome]:
+        """Reads that queued together, each in a snapshot of its own."""
+        return [self._read(conn, operation) for operation in operations]
+
+    def _read(self, conn: sqlite3.Connection, operation: Operation[Any]) -> Outcome:
         # A read of a deleted file would answer from records that are gone for good.
         lost = self._check_files()
         if lost is not None:
@@ -279,23 +406,12 @@ class SQLiteConnector:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
             return False, StoreUnavailable(f"read failed: {exc}")
+        except Exception as exc:
+            return False, exc
 
-    async def _write_loop(self) -> None:
-        assert self._writer is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._pending.get()]
-            while len(batch) < MAX_BATCH and not self._pending.empty():
-                batch.append(self._pending.get_nowait())
-            await on_connection_thread(self._writer, self._write_in_thread, (batch, loop))
-
-    def _write_in_thread(
-        self,
-        conn: sqlite3.Connection,
-        work: tuple[list[tuple[Operation[Any], asyncio.Future[Any]]], asyncio.AbstractEventLoop],
-    ) -> None:
-        batch, loop = work
-        operations = [operation for operation, _ in batch]
+    def _write_batch(
+        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
+    ) -> list[Outcome]:
         # Already lost: nothing more goes into the old file.
         lost = self.lost
         if lost is None:
@@ -307,10 +423,8 @@ class SQLiteConnector:
             # the batch ran took the batch along.
             lost = self._check_files()
         if lost is not None:
-            outcomes = [(False, StoreUnavailable(lost))] * len(operations)
-        # Waiters are woken straight from here, not after this batch's own completion
-        # reaches the writer task: one event-loop turn less on every store trip.
-        loop.call_soon_threadsafe(_resolve, [future for _, future in batch], outcomes)
+            return [(False, StoreUnavailable(lost))] * len(operations)
+        return outcomes
 
     def _transaction(
         self, conn: sqlite3.Connection, operations: list[Operation[Any]]

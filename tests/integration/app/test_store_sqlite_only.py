@@ -62,10 +62,7 @@ async def test_migrations_are_stamped_with_the_injected_clock(
 async def pragma(store: Store, name: str) -> Any:
     connector = store.connector
     assert isinstance(connector, SQLiteConnector)
-    writer = connector._writer
-    assert writer is not None
-    rows = list(await writer.execute_fetchall(f"PRAGMA {name}"))
-    return rows[0][0]
+    return await connector.pragma(name)
 
 
 async def test_wal_and_full_synchronous_by_default(
