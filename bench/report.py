@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,13 +38,27 @@ def header_lines(warmup_s: float, duration_s: float, durability: str) -> list[st
 
 
 def ratios(measurements: list[Measurement]) -> dict[int, float]:
-    """fenced/plain req/s for each concurrency that has both figures."""
-    by_key = {(m.target, m.concurrency): m for m in measurements}
-    return {
-        concurrency: by_key[(FENCED, concurrency)].req_per_s / plain.req_per_s
-        for (target, concurrency), plain in by_key.items()
-        if target == PLAIN and (FENCED, concurrency) in by_key and plain.req_per_s > 0
-    }
+    """fenced/plain req/s for each concurrency that has both figures: the median of the
+    rounds' ratios, each round's plain and fenced measured one after the other."""
+    by_key = {(m.target, m.concurrency, m.round): m for m in measurements}
+    per_round: dict[int, list[float]] = {}
+    for (target, concurrency, round_), plain in by_key.items():
+        fenced = by_key.get((FENCED, concurrency, round_))
+        if target == PLAIN and fenced is not None and plain.req_per_s > 0:
+            per_round.setdefault(concurrency, []).append(fenced.req_per_s / plain.req_per_s)
+    return {concurrency: statistics.median(found) for concurrency, found in per_round.items()}
+
+
+def median_round(
+    measurements: list[Measurement], target: str, concurrency: int | None = None
+) -> Measurement | None:
+    """Of `target`'s rounds (at `concurrency`, else at its first), the one whose req/s is
+    the median (the lower of the middle two for an even count)."""
+    found = [m for m in measurements if m.target == target]
+    if concurrency is None and found:
+        concurrency = found[0].concurrency
+    found = sorted((m for m in found if m.concurrency == concurrency), key=lambda m: m.req_per_s)
+    return found[(len(found) - 1) // 2] if found else None
 
 
 def format_ms(value: float | None) -> str:
@@ -52,12 +67,12 @@ def format_ms(value: float | None) -> str:
 
 def report_table(measurements: list[Measurement]) -> list[str]:
     lines = [
-        f"{'target':<16} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
+        f"{'target':<16} {'round':>5} {'concurrency':>11} {'requests':>9} {'req/s':>9} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
     ]
     for m in measurements:
         lines.append(
-            f"{m.target:<16} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
+            f"{m.target:<16} {m.round:>5} {m.concurrency:>11} {m.requests:>9} {m.req_per_s:>9.1f} "
             f"{format_ms(m.p50_ms):>8} {format_ms(m.p99_ms):>8} {m.errors:>7}"
         )
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
@@ -70,7 +85,7 @@ def report_table(measurements: list[Measurement]) -> list[str]:
             busy = m.cpu.machine_busy_percent
             lines.append(f"{'':>10}CPU ms per request: {cost}; machine {busy:.0f}% busy")
     lines.extend(
-        f"fenced/plain req/s at concurrency {concurrency}: {ratio:.2f}"
+        f"fenced/plain req/s at concurrency {concurrency}: {ratio:.2f} (median of the rounds)"
         for concurrency, ratio in ratios(measurements).items()
     )
     return lines
@@ -174,11 +189,11 @@ def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
         lines.extend(f"{'':>10}{count} x {kind}" for kind, count in sorted(m.error_kinds.items()))
     ratio = run.two_over_one
     lines.append(f"two replicas / one replica req/s: {'-' if ratio is None else f'{ratio:.2f}'}")
-    same = [m for m in sqlite if m.target == FENCED and m.concurrency == run.concurrency]
-    if same:
+    same = median_round(sqlite, FENCED, run.concurrency)
+    if same is not None:
         lines.append(
-            f"fenced req/s at concurrency {run.concurrency}: SQLite (one process) "
-            f"{same[0].req_per_s:.1f}; PostgreSQL one replica {run.rounds[0].req_per_s:.1f}, "
+            f"fenced req/s at concurrency {run.concurrency}: SQLite (one process, median "
+            f"round) {same.req_per_s:.1f}; PostgreSQL one replica {run.rounds[0].req_per_s:.1f}, "
             f"two replicas {run.rounds[1].req_per_s:.1f}"
         )
     one_cpu, two_cpu = run.rounds[0].cpu, run.rounds[1].cpu
@@ -264,16 +279,7 @@ def targets(
                 )
     preloaded = named.get(PRELOADED)
     empty = (
-        next(
-            (
-                m
-                for m in measurements
-                if m.target == FENCED and m.concurrency == preloaded.concurrency
-            ),
-            None,
-        )
-        if preloaded is not None
-        else None
+        median_round(measurements, FENCED, preloaded.concurrency) if preloaded is not None else None
     )
     if preloaded is not None and empty is not None and empty.req_per_s > 0:
         ratio = preloaded.req_per_s / empty.req_per_s
@@ -284,9 +290,9 @@ def targets(
                 ratio >= PRELOADED_GOAL,
             )
         )
-    plain = next((m for m in measurements if m.target == PLAIN), None)
     for name in (REPLAYS, REFUSALS):
         found_round = named.get(name)
+        plain = median_round(measurements, PLAIN, found_round.concurrency if found_round else None)
         if found_round is not None and plain is not None and plain.req_per_s > 0:
             ratio = found_round.req_per_s / plain.req_per_s
             found.append(
@@ -306,14 +312,15 @@ def targets(
             )
         )
     if postgres is not None:
-        same = [m for m in measurements if m.target == FENCED]
-        same = [m for m in same if m.concurrency == postgres.concurrency] or same
-        if same and same[0].req_per_s > 0:
-            ratio = postgres.rounds[0].req_per_s / same[0].req_per_s
+        same = median_round(measurements, FENCED, postgres.concurrency) or median_round(
+            measurements, FENCED
+        )
+        if same is not None and same.req_per_s > 0:
+            ratio = postgres.rounds[0].req_per_s / same.req_per_s
             found.append(
                 (
                     f"PostgreSQL one replica >= {PG_OVER_SQLITE_GOAL}x SQLite fenced "
-                    f"(concurrency {same[0].concurrency})",
+                    f"(concurrency {same.concurrency})",
                     f"{ratio:.2f}",
                     ratio >= PG_OVER_SQLITE_GOAL,
                 )

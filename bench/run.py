@@ -1,7 +1,7 @@
 """Benchmark: what fencing costs, as fenceproxy against a plain pass-through proxy,
 and what a second fenceproxy replica on one PostgreSQL database adds.
 
-    python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64]
+    python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64] [--rounds 3]
                         [--targets plain,fenced] [--sqlite-synchronous FULL]
                         [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
                         [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds]
@@ -14,7 +14,10 @@ small JSON body to /sink/w{i} in a loop; through fenceproxy, a worker first
 takes a lease on bench:w{i} and sends its Fence-Token and a fresh
 Idempotency-Key with every request, so each request is admitted, recorded and
 forwarded as a fenced effect. The upstream's sink does no I/O, so the figures
-are the proxies'.
+are the proxies'. These throughput rounds run --rounds times (default 3), each
+round plain then fenced at each concurrency; a fenced/plain ratio is the median
+of the rounds' ratios, and a comparison with another round (PostgreSQL, the
+preloaded store, replays) takes the round of median req/s.
 
 PostgreSQL (`--backends postgresql`): creates a fresh database on the server
 that ADMIN_URL names (default $FENCEPROXY_TEST_POSTGRES_URL, else
@@ -54,6 +57,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from bench.cpu import CpuSnapshot, pids_named
@@ -117,11 +121,17 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
         return CpuSnapshot.take({process.name: [process.pid] for process in running.processes})
 
     measurements = []
-    for concurrency in args.concurrency:
-        for target in args.targets:
-            print(f"measuring {target} at concurrency {concurrency} ...", file=sys.stderr)
-            measurements.append(
-                await measure(
+    # Round by round, each target right after the other: a ratio compares figures taken
+    # under the same conditions, and the median round of several stands for them.
+    for round_ in range(1, args.rounds + 1):
+        for concurrency in args.concurrency:
+            for target in args.targets:
+                print(
+                    f"measuring {target} at concurrency {concurrency}, "
+                    f"round {round_} of {args.rounds} ...",
+                    file=sys.stderr,
+                )
+                measured = await measure(
                     target,
                     running.base_urls[target],
                     concurrency,
@@ -130,10 +140,10 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
                     sample,
                     fenced=target == FENCED,
                 )
-            )
-            for process in running.processes:
-                if not process.is_running():
-                    raise process.failure(f"exited with status {process.returncode} mid-run")
+                measurements.append(replace(measured, round=round_))
+                for process in running.processes:
+                    if not process.is_running():
+                        raise process.failure(f"exited with status {process.returncode} mid-run")
     if args.extra_rounds and set(args.targets) == set(TARGETS):
         for target, fenced, kind, headers in EXTRA_ROUNDS:
             base_url = running.base_urls[FENCED if fenced else PLAIN]
@@ -284,6 +294,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per round")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
     parser.add_argument("--concurrency", type=concurrency_list, default=[16, 64])
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="how many times the throughput rounds run; the ratios are the median round's",
+    )
     parser.add_argument("--targets", type=target_list, default=list(TARGETS))
     parser.add_argument(
         "--sqlite-synchronous",
@@ -327,6 +343,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pg_concurrency < 2 or args.pg_pool < 1:
         parser.error("--pg-concurrency must be at least 2 and --pg-pool at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.preload < 0:
         parser.error("--preload must not be negative")
     if args.duration <= 0 or args.warmup < 0:

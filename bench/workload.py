@@ -49,6 +49,7 @@ class Measurement:
     error_kinds: dict[str, int]
     replicas: int = 1
     cpu: CpuUsage | None = None
+    round: int = 1  # of the throughput rounds, which run --rounds times
 
 
 Sampler = Callable[[], Awaitable[CpuSnapshot]]
