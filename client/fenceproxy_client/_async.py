@@ -42,11 +42,16 @@ class AsyncFenceClient:
         *,
         timeout_s: float = 10.0,
         admin_token: str | None = None,
+        trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._admin_token = admin_token
         # No retries at any layer: a write the client sent twice could happen twice.
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, transport=transport)
+        # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
+        # asked for: the sidecar is local, and every call carries a lease's token.
+        self._http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, transport=transport, trust_env=trust_env
+        )
 
     def __repr__(self) -> str:
         return f"AsyncFenceClient({str(self._http.base_url)!r})"

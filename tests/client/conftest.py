@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from support.processes import free_port
 from tests.integration.processes.conftest import (
     ReconcileBlock,
     Stack,
@@ -29,3 +30,21 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     yield from _start_stack(
         tmp_path, StackOptions(reconcile=ReconcileBlock(settle_s=SETTLE_S, attempts=10))
     )
+
+
+# Every variable by which httpx would route a call through a proxy, or exempt it.
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+NO_PROXY_VARIABLES = ("NO_PROXY", "no_proxy")
+
+
+@pytest.fixture
+def unreachable_http_proxy(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The environment names an HTTP proxy at a port nothing listens on: a client that
+    honours it cannot reach the sidecar (and would hand it the lease's token)."""
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, proxy)
+        monkeypatch.setenv(name.lower(), proxy)
+    for name in NO_PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return proxy

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from fenceproxy_client import AsyncFenceClient, errors, new_key
 
@@ -37,6 +38,16 @@ async def eventually(what: str, condition: Callable[[], bool], timeout_s: float 
 
 def renewers_running() -> bool:
     return any((task.get_name() or "").startswith("fence-renew-") for task in asyncio.all_tasks())
+
+
+@pytest.mark.usefixtures("unreachable_http_proxy")
+async def test_the_environment_s_http_proxy_is_not_used_unless_asked(stack: Stack) -> None:
+    async with AsyncFenceClient(stack.proxy_url, timeout_s=5.0) as client:
+        lease = await client.acquire(RESOURCE, "worker-a", ttl_s=10)
+        await lease.release()
+    async with AsyncFenceClient(stack.proxy_url, timeout_s=5.0, trust_env=True) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.acquire(RESOURCE, "worker-a", ttl_s=10)
 
 
 async def test_a_worker_acquires_writes_and_releases(stack: Stack) -> None:

@@ -54,6 +54,20 @@ def test_a_worker_acquires_reads_writes_and_releases(stack: Stack) -> None:
     assert [(h["rule"], h["fence_epoch"]) for h in history] == [({"route_to": "eu-west"}, "1")]
 
 
+@pytest.mark.usefixtures("unreachable_http_proxy")
+def test_the_environment_s_http_proxy_is_not_used_unless_asked(stack: Stack) -> None:
+    """The sidecar is local and every call carries a token: an HTTP_PROXY meant for the
+    worker's other traffic must not carry it, unless the worker asks (trust_env)."""
+    with FenceClient(stack.proxy_url, timeout_s=5.0) as client:
+        lease = client.acquire(RESOURCE, "worker-a", ttl_s=10)
+        lease.release()
+    with (
+        FenceClient(stack.proxy_url, timeout_s=5.0, trust_env=True) as client,
+        pytest.raises(httpx.ConnectError),
+    ):
+        client.acquire(RESOURCE, "worker-a", ttl_s=10)
+
+
 def test_a_write_after_a_takeover_is_sent_and_raises_stale_epoch(stack: Stack) -> None:
     """A's lease expired and B took over: A's late write still goes to the proxy (the
     client does not refuse on its own clock), is refused there, and raises StaleEpoch;
