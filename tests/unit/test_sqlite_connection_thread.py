@@ -99,6 +99,22 @@ async def test_operations_queued_together_run_as_batches_of_at_most_max_batch(
         await thread.stop()
 
 
+async def test_a_batch_runner_that_raises_fails_its_batch_and_the_thread_goes_on(
+    tmp_path: Path,
+) -> None:
+    def broken(conn: sqlite3.Connection, operations: list[Operation[Any]]) -> list[Outcome]:
+        raise LookupError("a bug in the batch runner")
+
+    thread = ConnectionThread("t", lambda: connect_to(tmp_path / "t.db"), broken)
+    await thread.start()
+    try:
+        with pytest.raises(LookupError, match="a bug in the batch runner"):
+            await thread.submit(never_runs)
+        assert (await thread.call(insert_and_count, 1))[0] == 1
+    finally:
+        await thread.stop()
+
+
 async def test_a_connection_that_cannot_open_fails_start_and_stop_still_ends(
     tmp_path: Path,
 ) -> None:
