@@ -1082,14 +1082,17 @@ class Store:
             ended = await tx.all(
                 "leases_ended_since", since=tx.now - within_s, now=tx.now, limit=limit
             )
+            # An expired lease nobody ended yet is selected by both queries: keep it once.
+            over = {
+                (row["resource"], row["epoch"]): row
+                for row in [*ended, *(row for row in current if row["expires_at"] <= tx.now)]
+            }
             return RecentLeases(
                 live=tuple(_lease_entry(row) for row in current if row["expires_at"] > tx.now),
                 ended=tuple(
                     _lease_entry(row)
                     for row in sorted(
-                        [row for row in current if row["expires_at"] <= tx.now] + ended,
-                        key=lambda row: float(row["expires_at"]),
-                        reverse=True,
+                        over.values(), key=lambda row: float(row["expires_at"]), reverse=True
                     )[:limit]
                 ),
                 now=tx.now,

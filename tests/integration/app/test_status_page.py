@@ -234,3 +234,13 @@ async def test_with_auth_a_clients_key_reads_as_the_admin_token_does(
     assert scoped["live"] == []
     html = await (await fence.client.get(PAGE)).text()
     assert "A client&#39;s key (read; operate for actions) or the admin token" in html
+
+
+async def test_an_expired_unended_lease_is_listed_once(fence: Fence) -> None:
+    # Expired and not yet taken over: both the unended leases and those granted
+    # recently select it; the list must still name it once.
+    await fence.acquire("supplier:late", "worker-late", 1)
+    fence.clock.advance(2.0)
+    body = await _get(fence, RECENT)
+    assert body["live"] == []
+    assert [lease["resource"] for lease in body["recently_ended"]] == ["supplier:late"]
