@@ -774,7 +774,7 @@ class Store:
                     next_probe_at=next_probe_at if inconclusive else None,
                     counted=1 if counted else 0,
                 )
-                gave_up = inconclusive and next_probe_at is None
+                gave_up = inconclusive and counted and next_probe_at is None
                 row = await _effect_row(tx, effect_id)
             step = await _apply(
                 tx,
