@@ -160,7 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("effect_id")
     resolve = reconcile_commands.add_parser("resolve", help="record an operator's decision")
     resolve.add_argument("effect_id")
-    resolve.add_argument("--outcome", required=True, help="committed or not-committed")
+    resolve.add_argument(
+        "--outcome",
+        required=True,
+        help="committed or not_committed (as the API spells it; not-committed is taken too)",
+    )
     resolve.add_argument("--reason", required=True)
     resolve.add_argument("--operator", default=_default_operator())
     for sub, run in (
@@ -378,6 +382,10 @@ def _tls_summary(policy: Policy) -> str:
     return ", mutual TLS" if tls.client_ca is not None else ", TLS"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _check_config(args: argparse.Namespace) -> int:
     path = args.file or args.config
     if not path:
@@ -387,7 +395,7 @@ def _check_config(args: argparse.Namespace) -> int:
     policy = load_policy(path)
     fenced = sum(route.fenced for route in policy.routes)
     print(
-        f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store}"
+        f"{path}: ok ({_count(len(policy.routes), 'route')}, {fenced} fenced, store {policy.store}"
         f"{_tls_summary(policy)})"
     )
     # Warnings, not errors: the file may be checked where the keys are not set.
