@@ -414,9 +414,14 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    widths = [max(len(_cell(c)) for c in column) for column in zip(header, *rows, strict=True)]
     for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+        print("  ".join(_cell(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _cell(value: object) -> str:
+    """A table cell: an absent value is "-", as in every other column, never "None"."""
+    return "-" if value is None else str(value)
 
 
 def _when(timestamp: float | None) -> str:
@@ -432,7 +437,7 @@ def _leases_show(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            [str(data[key]) for key in ("epoch", "next_epoch", "holder", "client", "live")]
+            [_cell(data[key]) for key in ("epoch", "next_epoch", "holder", "client", "live")]
             + [str(data["blocked"]), _when(view.expires_at), ",".join(view.in_doubt) or "-"]
         ],
         ["epoch", "next_epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
@@ -447,7 +452,7 @@ def _leases_revoke(args: argparse.Namespace) -> int:
         "revoked_epoch": revoked.revoked_epoch,
         "epoch": revoked.epoch,
     }
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 
@@ -481,7 +486,7 @@ def _effects_show(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, data, [], [])
         return 0
-    fields = [[key, str(value)] for key, value in history.effect.as_json().items()]
+    fields = [[key, _cell(value)] for key, value in history.effect.as_json().items()]
     _print(args, data, fields, ["field", "value"])
     if history.events:
         print()
@@ -551,7 +556,7 @@ def _reconcile_probe(args: argparse.Namespace) -> int:
         "detail": result.detail,
         "state": result.effect.state.value if result.effect else None,
     }
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 
@@ -654,7 +659,7 @@ def _store_backup(args: argparse.Namespace) -> int:
     target = Path(args.file)
     backup_sqlite(policy.store, target)
     data = {"store": policy.store, "backup": str(target), "bytes": target.stat().st_size}
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 
