@@ -980,6 +980,7 @@ class Store:
         so nothing issued since the backup is ever issued again. Returns the new floor."""
 
         async def operation(tx: Tx) -> int:
+            await tx.execute("lock_all_resources")
             row = await tx.one("epoch_floor_and_max")
             assert row is not None
             floor = max(int(row["epoch_floor"]), int(row["max_epoch"])) + advance
