@@ -126,10 +126,10 @@ def _parser() -> argparse.ArgumentParser:
     leases = commands.add_parser("leases", help="read or revoke leases")
     lease_commands = leases.add_subparsers(metavar="ACTION", required=True)
     show = lease_commands.add_parser("show", help="a resource's lease, epoch and effects in doubt")
-    show.add_argument("resource")
+    show.add_argument("resource", help="the resource's name, as a route renders it")
     revoke = lease_commands.add_parser("revoke", help="advance a resource's epoch now")
-    revoke.add_argument("resource")
-    revoke.add_argument("--reason", required=True)
+    revoke.add_argument("resource", help="the resource's name, as a route renders it")
+    revoke.add_argument("--reason", required=True, help="why, kept with the revocation")
     for sub, run in ((show, _leases_show), (revoke, _leases_revoke)):
         _store_options(sub)
         sub.set_defaults(run=run)
@@ -137,13 +137,13 @@ def _parser() -> argparse.ArgumentParser:
     effects = commands.add_parser("effects", help="effect receipts")
     effect_commands = effects.add_subparsers(metavar="ACTION", required=True)
     listing = effect_commands.add_parser("list", help="recent effects, newest first")
-    listing.add_argument("--resource")
+    listing.add_argument("--resource", help="only this resource's effects")
     listing.add_argument("--state", help=f"one of {', '.join(EffectState)}")
     _limit_option(listing)
     one = effect_commands.add_parser("show", help="one effect")
-    one.add_argument("effect_id")
+    one.add_argument("effect_id", help="the Fence-Effect-Id of the answer")
     rejections = effect_commands.add_parser("rejections", help="refused requests, newest first")
-    rejections.add_argument("--resource")
+    rejections.add_argument("--resource", help="only this resource's refusals")
     _limit_option(rejections)
     for sub, run in ((listing, _effects_list), (one, _effects_show), (rejections, _rejections)):
         _store_options(sub)
@@ -155,18 +155,20 @@ def _parser() -> argparse.ArgumentParser:
         "list", help="blocked resources and effects in doubt, oldest first"
     )
     detail = reconcile_commands.add_parser("show", help="one effect and every decision about it")
-    detail.add_argument("effect_id")
+    detail.add_argument("effect_id", help="the Fence-Effect-Id of the answer")
     probe = reconcile_commands.add_parser("probe", help="run the route's probe now")
-    probe.add_argument("effect_id")
+    probe.add_argument("effect_id", help="the effect in doubt to probe")
     resolve = reconcile_commands.add_parser("resolve", help="record an operator's decision")
-    resolve.add_argument("effect_id")
+    resolve.add_argument("effect_id", help="the effect in doubt to settle")
     resolve.add_argument(
         "--outcome",
         required=True,
         help="committed or not_committed (as the API spells it; not-committed is taken too)",
     )
-    resolve.add_argument("--reason", required=True)
-    resolve.add_argument("--operator", default=_default_operator())
+    resolve.add_argument("--reason", required=True, help="the evidence, kept with the decision")
+    resolve.add_argument(
+        "--operator", default=_default_operator(), help="who decides (default: your login name)"
+    )
     for sub, run in (
         (in_doubt, _reconcile_list),
         (detail, _effects_show),
@@ -219,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     advice.add_argument("--targets", help="false-expiry rates to size for (default 0.5,0.1,0.05,0)")
     advice.add_argument("--leases", help="the curve's lease lengths (default: from the data)")
-    advice.add_argument("--json", action="store_true")
+    advice.add_argument("--json", action="store_true", help="print JSON for programs")
     status = command(
         "status",
         _status,
@@ -258,7 +260,11 @@ def _limit_option(sub: argparse.ArgumentParser) -> None:
 
 
 def _store_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--config", default=os.environ.get("FENCEPROXY_CONFIG"))
+    sub.add_argument(
+        "--config",
+        default=os.environ.get("FENCEPROXY_CONFIG"),
+        help="the policy file, for its store (default: $FENCEPROXY_CONFIG)",
+    )
     sub.add_argument("--json", action="store_true", help="print JSON for programs")
 
 
