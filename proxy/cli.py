@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fenceproxy", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"fenceproxy {operations.proxy_version()}"
+    )
     commands = parser.add_subparsers(metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> Any:
