@@ -23,6 +23,7 @@ from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, RouteMatch
 from proxy import forwarding
+from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
 from proxy.requests import fingerprint, idempotency_key, read_body, single_header
 from proxy.runtime import Runtime
@@ -79,7 +80,8 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         retain_s=route.idempotency.retain_s,
         upstream_idempotent=route.upstream_idempotent,
     )
-    decision = await runtime.store.admit(token_hash(token), new)
+    standing = request.config_dict[CREDENTIALS].standing
+    decision = await runtime.store.admit(token_hash(token), new, standing)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
