@@ -43,6 +43,18 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             "the path of a fenced route may not have empty, '.' or '..' segments",
             route=route.name,
         )
+    refused = route.resource.refused_value(match.params)
+    if refused is not None:
+        # A value that holds the template's own separators could pass for another
+        # resource's structure, in or out of a client's globs (policies/templates.py).
+        name, char = refused
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            f"path parameter {{{name}}} may not contain {char!r}: it separates the parts "
+            f"of resource {route.resource.raw!r}",
+            route=route.name,
+            parameter=name,
+        )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
         raise ProblemError(
