@@ -53,17 +53,24 @@ async def assert_cut_off(fence: Fence, token: str, code: str) -> None:
     assert released.status == 200, await released.text()
 
 
-async def leased_and_written(fence: Fence, token: str) -> None:
+async def leased_and_written(fence: Fence, token: str) -> str:
+    """The effect id of a write made while the lease stands."""
     written = await fence.order("widget", token, "k-before")
     assert written.status == 201, await written.text()
+    return written.headers["Fence-Effect-Id"]
 
 
 async def test_a_client_removed_from_auth_loses_its_lease(make_fence: FenceFactory) -> None:
     before = await make_fence(top_level=AUTH)
     token = (await granted(before, "supplier:widget"))["token"]
-    await leased_and_written(before, token)
+    effect_id = await leased_and_written(before, token)
     after = await restarted_with(make_fence, before, WITHOUT_SUPPLIER_WORKERS)
     await assert_cut_off(after, token, "forbidden")
+    # What became of its write stays readable with the token, as release is allowed.
+    outcome = await after.client.get(
+        f"/_fence/v1/effects/{effect_id}", headers={"Fence-Token": token}
+    )
+    assert (await json_body(outcome))["state"] == "COMMITTED"
 
 
 async def test_a_client_narrowed_out_of_its_globs_loses_its_lease(
