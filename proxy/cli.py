@@ -407,11 +407,32 @@ def _check_config(args: argparse.Namespace) -> int:
         f"{path}: ok ({_count(len(policy.routes), 'route')}, {fenced} fenced, store {policy.store}"
         f"{_tls_summary(policy)})"
     )
+    for line in _refused_characters(policy):
+        print(line)
     # Warnings, not errors: the file may be checked where the keys are not set.
     for warning in [exposure_warning(policy), *missing_keys(policy, os.environ)]:
         if warning is not None:
             print(f"fenceproxy: warning: {path}: {warning}", file=sys.stderr)
     return 0
+
+
+def _refused_characters(policy: Policy) -> list[str]:
+    """Per fenced route, what each path parameter may not hold (400 invalid_request):
+    the separators of its resource template (policies/templates.py)."""
+    lines = []
+    for route in policy.routes:
+        if not route.fenced or route.resource is None:
+            continue
+        refused = [
+            f"{{{name}}} may not contain {', '.join(repr(char) for char in chars)}"
+            for name, chars in route.resource.separators.items()
+            if chars
+        ]
+        lines.append(
+            f"  route {route.name}: resource {route.resource.raw!r}: "
+            + ("; ".join(refused) or "no character refused")
+        )
+    return lines
 
 
 def _metrics_note(policy: Policy) -> str:

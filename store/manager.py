@@ -263,14 +263,18 @@ class Store:
             self._observe(resource, Ending.SUPERSEDED)
         return granted
 
-    async def renew(self, token_hash: str, ttl_s: float) -> tuple[LeaseRecord, float] | Refusal:
+    async def renew(
+        self, token_hash: str, ttl_s: float, clients: fencing.Clients = None
+    ) -> tuple[LeaseRecord, float] | Refusal:
+        """`clients`: the clients configured now (fencing.check_standing); None, the
+        policy has no `auth:` block."""
         came_back: str | None = None
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             nonlocal came_back
             came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
-            refusal = fencing.decide_renew(lease, state, tx.now)
+            refusal = fencing.decide_renew(lease, state, tx.now, clients)
             if refusal is not None:
                 came_back = await _mark_came_back(tx, lease, refusal.code)
                 return refusal
@@ -413,9 +417,14 @@ class Store:
 
     # -- effects --------------------------------------------------------------
 
-    async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:
-        """Check the token and record the effect as DISPATCHING, in one transaction."""
-        decided = await self.connector.write(self._admission(token_hash, new), own_clock=True)
+    async def admit(
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients = None
+    ) -> Admitted | Replay | Refusal:
+        """Check the token (and, with `clients`, its client's standing: see `renew`) and
+        record the effect as DISPATCHING, in one transaction."""
+        decided = await self.connector.write(
+            self._admission(token_hash, new, clients), own_clock=True
+        )
         if isinstance(decided, _Counted):
             self.refusal_tally.add(_count_key(decided.rejection))
             return decided.refusal
@@ -425,7 +434,7 @@ class Store:
         return decided
 
     def _admission(
-        self, token_hash: str, new: NewEffect
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients
     ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
         async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
             # One statement reads it all, under the resource's lock (a round trip
@@ -448,7 +457,7 @@ class Store:
                 new.upstream_timeout_s,
                 new.upstream_idempotent,
             )
-            decision = fencing.decide_admission(request, lease, state, existing, tx.now)
+            decision = fencing.decide_admission(request, lease, state, existing, tx.now, clients)
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):
