@@ -11,6 +11,7 @@ its own process and one fenced write through it.
 from __future__ import annotations
 
 import json
+import shutil
 import site
 import subprocess
 import sys
@@ -43,10 +44,15 @@ def run(argv: list[str], cwd: Path, timeout: float = 180) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), "."],
-        ROOT,
-    )
+    # From a copy: setuptools leaves build/ and *.egg-info where it builds.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for package in SHIPPED:
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / package, source / package, ignore=ignore)
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)]
+    run([*build, "."], source)
     (built,) = out.glob("fenceproxy-*.whl")
     return built
 
