@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench mutate simulate clean wheel
+.PHONY: run test lint bench mutate simulate clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -61,6 +61,11 @@ simulate: $(STAMP)
 # own distribution: `$(PY) -m build --wheel client`.
 wheel: $(STAMP)
 	$(PY) -m build --wheel --outdir dist .
+
+# The proxy's OCI image, built without pulling from any registry (devtools/image.py):
+# needs mmdebstrap and podman (apt-get install mmdebstrap podman) and root.
+image: wheel
+	$(PY) -m devtools.image
 
 clean:
 	rm -rf $(VENV) state dist build .pytest_cache .mypy_cache .ruff_cache
