@@ -28,6 +28,7 @@ from tests.integration.app.conftest import (
     Fence,
     FenceFactory,
     assert_problem,
+    closed_port,
     json_body,
 )
 
@@ -248,6 +249,18 @@ async def test_an_answer_over_16_mib_with_a_status_of_unknown_outcome_is_outcome
 
     first = await order(wired, lease["token"], "k-huge-5xx")
     await assert_problem(first, 504, "outcome_unknown")
+
+
+async def test_an_answer_over_16_mib_with_a_not_committed_status_says_so(
+    wired: Fence, upstream: ScriptedUpstream
+) -> None:
+    upstream.will_answer(answer("422 No", b"z" * (16 * MIB + 1), chunked=True, piece=MIB))
+    lease = await wired.acquire(RESOURCE)
+
+    first = await order(wired, lease["token"], "k-huge-4xx")
+    problem = await assert_problem(first, 502, "upstream_answer_too_large")
+    assert (problem["state"], problem["upstream_status"]) == ("NOT_COMMITTED", 422)
+    assert "applied" not in problem["detail"]
 
 
 # -- 2. Idempotency-Key ------------------------------------------------------------------
@@ -575,3 +588,13 @@ async def test_a_pass_through_request_that_left_and_got_no_answer_is_not_called_
     problem = await assert_problem(response, 504, "outcome_unknown")
     assert "nothing was sent" not in problem["detail"]
     assert len(upstream.received) == 1
+
+
+async def test_a_pass_through_request_that_could_not_connect_says_nothing_was_sent(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(upstream_url=f"http://127.0.0.1:{closed_port()}")
+
+    response = await fence.client.get("/orders/widget")
+    problem = await assert_problem(response, 502, "upstream_unreachable")
+    assert "nothing was sent" in problem["detail"]
