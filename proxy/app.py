@@ -442,9 +442,10 @@ def _cut(
     runtime: Runtime,
     exc: BaseException,
 ) -> web.StreamResponse:
-    """The upstream's answer broke off after its head was passed on: break the worker's
-    connection off too, so that it sees a cut, never a short body that looks whole (the
-    handler's return would otherwise end the chunked body properly)."""
+    """The answer broke off after its head was passed on (the upstream's body was cut, or
+    the worker's connection went): break the worker's connection off, so that it sees a
+    cut, never a short body that looks whole (returning normally would end the chunked
+    body properly)."""
     log.warning("the answer to %s %s was cut: %s", request.method, request.path, exc)
     runtime.metrics.count_request(route, "cut")
     if request.transport is not None:
