@@ -111,6 +111,15 @@ class Credentials:
                 found = client
         return found
 
+    def carried_by(self, authorization: str) -> bool:
+        """Whether an Authorization value presents one of these keys, as a bearer
+        credential or bare: then it is this proxy's credential, never the upstream's.
+        Both readings are compared, in constant time, whatever the first one found."""
+        value = authorization.strip()
+        scheme, _, rest = value.partition(" ")
+        readings = [value, rest.strip() if scheme.lower() == "bearer" else value]
+        return any([self.match(reading) is not None for reading in readings])
+
     @property
     def admin_api_on(self) -> bool:
         return bool(self.keys)

@@ -122,7 +122,9 @@ async def _dispatch_admitted(
         # not to have sent a byte: the effect is settled NOT_SENT at once.
         url: URL = forwarding.upstream_url(route.upstream, request)
         headers: CIMultiDict[str] = forwarding.upstream_headers(
-            request, fence if route.forward_fence_headers else None
+            request,
+            fence if route.forward_fence_headers else None,
+            request.config_dict[CREDENTIALS],
         )
     except Exception as exc:
         log.exception("could not build the upstream request for %s", effect.id)
@@ -131,7 +133,12 @@ async def _dispatch_admitted(
         assert runtime.pools is not None
         started = time.monotonic()
         result, answer = await forwarding.dispatch(
-            runtime.pools.fenced(route.upstream), route.upstream, request.method, url, headers, body
+            runtime.pools.fenced(route.upstream),
+            route.upstream,
+            request.method,
+            url,
+            headers,
+            forwarding.upstream_body(request, body),
         )
         runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
     if isinstance(result, Lost) and runtime.shutting_down:
@@ -139,8 +146,16 @@ async def _dispatch_admitted(
     event, reason = receipt_event(result, route.outcomes)
     stored = None
     if event is Event.ANSWERED_COMMITTED and answer is not None:
-        kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
-        stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
+        # A body over the replay limit is not kept at all: a replay says so, and never
+        # serves a part of it as if it were the answer.
+        kept = not answer.over_limit and len(answer.body) <= forwarding.REPLAY_BODY_LIMIT
+        stored = StoredResponse(
+            answer.status,
+            forwarding.replayable(answer.headers),
+            answer.body if kept else b"",
+            reason=answer.reason,
+            body_kept=kept,
+        )
     upstream_status = result.status if isinstance(result, Answered) else None
     try:
         receipt = await runtime.store.finish_effect(
@@ -170,10 +185,29 @@ def _answer(
     """The worker's answer, as the lifecycle table says for this receipt."""
     effect = receipt.effect
     kind = receipt.transition.answer
+    if kind is Answer.RESPONSE and answer is not None and answer.over_limit:
+        applied = (
+            "the write was applied upstream"
+            if effect.state is EffectState.COMMITTED
+            else f"the effect is {effect.state.value}"
+        )
+        return problem(
+            ErrorCode.UPSTREAM_ANSWER_TOO_LARGE,
+            f"{reason}: {applied}, but its answer was over "
+            f"{forwarding.UPSTREAM_BODY_LIMIT} bytes, so it was neither passed on nor kept "
+            "and cannot be replayed; do not send the operation again",
+            headers=fence,
+            effect_id=effect.id,
+            state=effect.state.value,
+            upstream_status=upstream_status,
+            limit=forwarding.UPSTREAM_BODY_LIMIT,
+        )
     if kind is Answer.RESPONSE and answer is not None:
         headers = answer.headers.copy()
         headers.update(fence)
-        return web.Response(status=answer.status, headers=headers, body=answer.body)
+        return web.Response(
+            status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+        )
     if kind is Answer.NOT_SENT:
         return problem(
             ErrorCode.UPSTREAM_UNREACHABLE,
@@ -257,13 +291,31 @@ def _replay(record: IdempotencyRecord) -> web.Response:
         "Fence-Epoch": str(record.epoch),
         "Fence-Resource": record.resource,
         "Fence-Effect-Id": record.effect_id,
-        "Idempotent-Replayed": "true",
+        forwarding.REPLAYED: "true",
     }
-    if record.response is None:
+    stored = record.response
+    if stored is None:
         # Settled by a probe or an operator: committed, but no response was ever seen.
         return _committed_by_reconciliation(
             record.effect_id, record.effect_state, record.settled_by, fence
         )
-    headers = dict(record.response.headers)
+    if not stored.body_kept:
+        return web.json_response(
+            {
+                "replayed": True,
+                "effect_id": record.effect_id,
+                "state": record.effect_state.value,
+                "upstream_status": stored.status,
+                "answer_kept": False,
+                "detail": f"the operation was committed: the upstream answered {stored.status}; "
+                f"its answer was over the replay limit ({forwarding.REPLAY_BODY_LIMIT} bytes) "
+                "and was not kept, so it cannot be replayed",
+            },
+            status=200,
+            headers=fence,
+        )
+    headers = CIMultiDict(stored.headers)
     headers.update(fence)
-    return web.Response(status=record.response.status, headers=headers, body=record.response.body)
+    return web.Response(
+        status=stored.status, reason=stored.reason, headers=headers, body=stored.body
+    )

@@ -38,7 +38,7 @@ from core.records import (
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
-from store.rows import effect_record, idempotency_record, lease_record
+from store.rows import effect_record, idempotency_record, lease_record, response_meta
 from store.tally import CountKey, RefusalTally
 
 log = logging.getLogger(__name__)
@@ -627,7 +627,7 @@ class Store:
             epoch=admitted.epoch,
             default_retain_s=DEFAULT_RETAIN_S,
             status=kept.status if kept else None,
-            headers=json.dumps(kept.headers) if kept else None,
+            headers=response_meta(kept) if kept else None,
             body=kept.body if kept else None,
             key_settled_by=None if kept else "receipt",
             kind="dispatch",
@@ -1480,7 +1480,7 @@ async def _apply_key(
         **where,
         expires_at=tx.now + float(retain_s),
         status=response.status if response else None,
-        headers=json.dumps(response.headers) if response else None,
+        headers=response_meta(response) if response else None,
         body=response.body if response else None,
         # Who established it, when no response was ever seen to replay.
         settled_by=None if response else (settled_by or "receipt"),
