@@ -61,6 +61,7 @@ simulate: $(STAMP)
 # own distribution: `$(PY) -m build --wheel client`.
 wheel: $(STAMP)
 	$(PY) -m build --wheel --outdir dist .
+	rm -rf build  # setuptools' leftovers: a copy of the packages, not a source folder
 
 # The proxy's OCI image, built without pulling from any registry (devtools/image.py):
 # needs mmdebstrap and podman (apt-get install mmdebstrap podman) and root.
