@@ -1,0 +1,180 @@
+"""Benchmark: the header flood of issue 17 item 4 against a real `fenceproxy serve`.
+
+    python -m bench.header_flood [--fenceproxy PATH] [--connections 100] [--headers 250]
+                                 [--settle-s 5] [--json]
+
+Starts `fenceproxy serve` (PATH: the command to run, by default the one installed
+next to this Python; give another checkout's to compare) on a fresh SQLite store
+with the default limits, as a deployment without a `limits:` block has them. Then
+`--connections` connections each send a request line and `--headers` headers of
+60 KiB with no blank line after them (the issue's attack: 100 x 250, about 1.5 GB).
+Meanwhile a worker acquires a lease again and again, each on a new connection.
+
+Prints the proxy's resident set (VmRSS) before, at its peak during the attack and
+`--settle-s` seconds after the attacking connections are gone, and the worker's
+acquire latencies during the attack (each acquire waits at most 30 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from support.header_flood import HeaderFlood, rss_kib
+from support.processes import ManagedProcess, free_port
+
+POLICY = """\
+version: 1
+listen: {{host: 127.0.0.1, port: {port}}}
+store: sqlite:///{store}
+upstreams:
+  supplier: {{url: "http://127.0.0.1:{upstream_port}", timeout_s: 2}}
+routes:
+  - name: read-orders
+    upstream: supplier
+    match: {{methods: [GET], path: "/orders/{{rest:.*}}"}}
+    fence: none
+"""
+ACQUIRE_TIMEOUT_S = 30.0
+ATTACK_TIMEOUT_S = 300.0
+SAMPLE_S = 0.02
+
+
+@dataclass
+class Figures:
+    fenceproxy: str
+    connections: int
+    headers: int
+    sent_mib: float
+    attack_s: float
+    rss_before_mib: float
+    rss_peak_mib: float
+    rss_after_mib: float
+    acquires_during: int = 0
+    acquire_failures: int = 0
+    acquire_latencies_ms: list[float] = field(default_factory=list)
+
+
+def acquire_ms(port: int, number: int) -> float | None:
+    """One acquire on a new connection: its latency, or None if it failed or timed out."""
+    started = time.monotonic()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=ACQUIRE_TIMEOUT_S)
+    try:
+        body = json.dumps({"resource": f"bench:{number}", "holder": "worker", "ttl_s": 5})
+        connection.request("POST", "/_fence/v1/leases", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        if response.status != 201:
+            return None
+    except OSError:
+        return None
+    finally:
+        connection.close()
+    return (time.monotonic() - started) * 1000
+
+
+def run(fenceproxy: str, connections: int, headers: int, settle_s: float) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="header-flood-") as scratch:
+        port = free_port()
+        policy = Path(scratch) / "policy.yaml"
+        policy.write_text(
+            POLICY.format(port=port, store=Path(scratch) / "store.db", upstream_port=free_port())
+        )
+        argv = [fenceproxy, "serve", "--config", str(policy), "--new-store"]
+        with ManagedProcess(
+            "fenceproxy", argv, log_path=Path(scratch) / "proxy.log", start_new_session=True
+        ) as proxy:
+            proxy.wait_http_ok(f"http://127.0.0.1:{port}/_fence/healthz", 20.0)
+            for number in range(5):  # warm: the first requests build caches
+                acquire_ms(port, -1 - number)
+            before = rss_kib(proxy.pid)
+            flood = HeaderFlood("127.0.0.1", port, connections, headers)
+            latencies: list[float | None] = []
+            stop_acquiring = threading.Event()
+
+            def acquire_loop() -> None:
+                number = 0
+                while not stop_acquiring.is_set():
+                    latencies.append(acquire_ms(port, number))
+                    number += 1
+
+            started = time.monotonic()
+            flood.start()
+            acquirer = threading.Thread(target=acquire_loop, daemon=True)
+            acquirer.start()
+            peak = before
+            while not flood.done() and time.monotonic() - started < ATTACK_TIMEOUT_S:
+                peak = max(peak, rss_kib(proxy.pid))
+                time.sleep(SAMPLE_S)
+            # The attack is complete; the worker gets one more try while it stands.
+            latencies.append(acquire_ms(port, 10**6))
+            attack_s = time.monotonic() - started
+            stop_acquiring.set()
+            acquirer.join(timeout=ACQUIRE_TIMEOUT_S + 5)
+            peak = max(peak, rss_kib(proxy.pid))
+            result = flood.stop()
+            settled_at = time.monotonic() + settle_s
+            while time.monotonic() < settled_at:
+                peak = max(peak, rss_kib(proxy.pid))
+                time.sleep(SAMPLE_S)
+            after = rss_kib(proxy.pid)
+            proxy.terminate()
+    answered = [latency for latency in latencies if latency is not None]
+    return Figures(
+        fenceproxy=fenceproxy,
+        connections=connections,
+        headers=headers,
+        sent_mib=round(result.bytes_sent / 2**20, 1),
+        attack_s=round(attack_s, 2),
+        rss_before_mib=round(before / 1024, 1),
+        rss_peak_mib=round(peak / 1024, 1),
+        rss_after_mib=round(after / 1024, 1),
+        acquires_during=len(latencies),
+        acquire_failures=len(latencies) - len(answered),
+        acquire_latencies_ms=[round(latency, 1) for latency in answered],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fenceproxy", default=str(Path(sys.executable).with_name("fenceproxy")))
+    parser.add_argument("--connections", type=int, default=100)
+    parser.add_argument("--headers", type=int, default=250)
+    parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    figures = run(args.fenceproxy, args.connections, args.headers, args.settle_s)
+    if args.json:
+        print(json.dumps(asdict(figures), indent=2))
+        return
+    latencies = figures.acquire_latencies_ms
+    print(f"fenceproxy: {figures.fenceproxy}")
+    print(
+        f"attack: {figures.connections} connections x {figures.headers} headers of 60 KiB, "
+        f"{figures.sent_mib} MiB sent in {figures.attack_s} s"
+    )
+    print(
+        f"RSS: before {figures.rss_before_mib} MiB, peak {figures.rss_peak_mib} MiB "
+        f"(+{figures.rss_peak_mib - figures.rss_before_mib:.1f}), "
+        f"{figures.rss_after_mib} MiB {args.settle_s:g} s after"
+    )
+    if latencies:
+        print(
+            f"acquires during the attack: {len(latencies)} answered, "
+            f"{figures.acquire_failures} failed; median {statistics.median(latencies):.1f} ms, "
+            f"max {max(latencies):.1f} ms"
+        )
+    else:
+        print(f"acquires during the attack: none answered ({figures.acquire_failures} failed)")
+
+
+if __name__ == "__main__":
+    main()
