@@ -1,7 +1,7 @@
 """Benchmark: the header flood of issue 17 item 4 against a real `fenceproxy serve`.
 
     python -m bench.header_flood [--fenceproxy PATH] [--connections 100] [--headers 250]
-                                 [--settle-s 5] [--json]
+                                 [--reconnect-s 0] [--settle-s 5] [--json]
 
 Starts `fenceproxy serve` (PATH: the command to run, by default the one installed
 next to this Python; give another checkout's to compare) on a fresh SQLite store
@@ -9,6 +9,8 @@ with the default limits, as a deployment without a `limits:` block has them. The
 `--connections` connections each send a request line and `--headers` headers of
 60 KiB with no blank line after them (the issue's attack: 100 x 250, about 1.5 GB).
 Meanwhile a worker acquires a lease again and again, each on a new connection.
+With `--reconnect-s N`, for N seconds every connection the proxy closes is replaced
+by a new one that starts over (an attacker who does not give up).
 
 Prints the proxy's resident set (VmRSS) before, at its peak during the attack and
 `--settle-s` seconds after the attacking connections are gone, and the worker's
@@ -53,6 +55,8 @@ class Figures:
     fenceproxy: str
     connections: int
     headers: int
+    reconnect_s: float
+    connections_opened: int
     sent_mib: float
     attack_s: float
     rss_before_mib: float
@@ -81,7 +85,9 @@ def acquire_ms(port: int, number: int) -> float | None:
     return (time.monotonic() - started) * 1000
 
 
-def run(fenceproxy: str, connections: int, headers: int, settle_s: float) -> Figures:
+def run(
+    fenceproxy: str, connections: int, headers: int, reconnect_s: float, settle_s: float
+) -> Figures:
     with tempfile.TemporaryDirectory(prefix="header-flood-") as scratch:
         port = free_port()
         policy = Path(scratch) / "policy.yaml"
@@ -96,7 +102,7 @@ def run(fenceproxy: str, connections: int, headers: int, settle_s: float) -> Fig
             for number in range(5):  # warm: the first requests build caches
                 acquire_ms(port, -1 - number)
             before = rss_kib(proxy.pid)
-            flood = HeaderFlood("127.0.0.1", port, connections, headers)
+            flood = HeaderFlood("127.0.0.1", port, connections, headers, reconnect_s)
             latencies: list[float | None] = []
             stop_acquiring = threading.Event()
 
@@ -132,6 +138,8 @@ def run(fenceproxy: str, connections: int, headers: int, settle_s: float) -> Fig
         fenceproxy=fenceproxy,
         connections=connections,
         headers=headers,
+        reconnect_s=reconnect_s,
+        connections_opened=result.connections,
         sent_mib=round(result.bytes_sent / 2**20, 1),
         attack_s=round(attack_s, 2),
         rss_before_mib=round(before / 1024, 1),
@@ -148,10 +156,11 @@ def main() -> None:
     parser.add_argument("--fenceproxy", default=str(Path(sys.executable).with_name("fenceproxy")))
     parser.add_argument("--connections", type=int, default=100)
     parser.add_argument("--headers", type=int, default=250)
+    parser.add_argument("--reconnect-s", type=float, default=0.0)
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    figures = run(args.fenceproxy, args.connections, args.headers, args.settle_s)
+    figures = run(args.fenceproxy, args.connections, args.headers, args.reconnect_s, args.settle_s)
     if args.json:
         print(json.dumps(asdict(figures), indent=2))
         return
@@ -159,7 +168,8 @@ def main() -> None:
     print(f"fenceproxy: {figures.fenceproxy}")
     print(
         f"attack: {figures.connections} connections x {figures.headers} headers of 60 KiB, "
-        f"{figures.sent_mib} MiB sent in {figures.attack_s} s"
+        f"{figures.sent_mib} MiB sent in {figures.attack_s} s "
+        f"over {figures.connections_opened} connections"
     )
     print(
         f"RSS: before {figures.rss_before_mib} MiB, peak {figures.rss_peak_mib} MiB "

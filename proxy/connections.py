@@ -126,7 +126,8 @@ class GuardedConnection(asyncio.Protocol):
             return
         self._refused = True
         transport.write(refusal_bytes(code))
-        if transport.can_write_eof():
+        # A connection refused for want of room must give its room back at once.
+        if code is not ErrorCode.OVERLOADED and transport.can_write_eof():
             transport.write_eof()
             asyncio.get_running_loop().call_later(LINGER_S, transport.close)
         else:  # TLS cannot half-close: close once the answer is written.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,28 +52,43 @@ class HeaderFlood:
     """`connections` connections, each sending a request line and then `headers`
     headers of HEADER_VALUE_BYTES, with no blank line after them. Runs in a thread
     from `start()`; the connections stay open after their last header (until the
-    proxy closes them or `stop()`)."""
+    proxy closes them or `stop()`). With `reconnect_s`, for that many seconds from
+    `start()` a connection the proxy closes is replaced by a new one that starts over,
+    as an attacker who does not give up would."""
 
-    def __init__(self, host: str, port: int, connections: int, headers: int) -> None:
+    def __init__(
+        self, host: str, port: int, connections: int, headers: int, reconnect_s: float = 0.0
+    ) -> None:
         self._address = (host, port)
         self._connections = connections
         self._headers = headers
+        self._reconnect_s = reconnect_s
+        self._reconnect_until = 0.0
         self._stopping = threading.Event()
         self.all_sent = threading.Event()
         self._thread = threading.Thread(target=self._run, name="header-flood", daemon=True)
         self._attackers: list[_Attacker] = []
+        self._unfinished = 0
         self.bytes_sent = 0
 
     def start(self) -> None:
-        for number in range(self._connections):
-            sock = socket.create_connection(self._address, timeout=5)
-            sock.setblocking(False)
-            line = f"GET /orders/flood-{number} HTTP/1.1\r\nHost: proxy\r\n".encode()
-            self._attackers.append(_Attacker(sock, line, self._headers))
+        self._reconnect_until = time.monotonic() + self._reconnect_s
+        for _ in range(self._connections):
+            self._open()
         self._thread.start()
 
+    def _open(self) -> _Attacker:
+        sock = socket.create_connection(self._address, timeout=5)
+        sock.setblocking(False)
+        line = f"GET /orders/flood-{len(self._attackers)} HTTP/1.1\r\nHost: proxy\r\n".encode()
+        attacker = _Attacker(sock, line, self._headers)
+        self._attackers.append(attacker)
+        self._unfinished += 1
+        return attacker
+
     def done(self) -> bool:
-        """Every connection sent all its headers or was closed by the proxy."""
+        """Every connection sent all its headers or was closed by the proxy (and the
+        time to reconnect is over)."""
         return self.all_sent.is_set()
 
     def stop(self) -> FloodResult:
@@ -105,7 +121,7 @@ class HeaderFlood:
                     self._receive(selector, attacker)
                 elif events & selectors.EVENT_WRITE:
                     self._send(selector, attacker)
-            if all(attacker.finished for attacker in self._attackers):
+            if self._unfinished == 0:
                 self.all_sent.set()
         selector.close()
 
@@ -113,6 +129,7 @@ class HeaderFlood:
         piece = self._next_piece(attacker)
         if not piece:
             selector.modify(attacker.sock, selectors.EVENT_READ, attacker)
+            self._unfinished -= 1
             return
         try:
             sent = attacker.sock.send(piece)
@@ -135,5 +152,13 @@ class HeaderFlood:
             self._closed(selector, attacker)
 
     def _closed(self, selector: selectors.BaseSelector, attacker: _Attacker) -> None:
+        if not attacker.finished:
+            self._unfinished -= 1
         attacker.closed_by_proxy = True
         selector.unregister(attacker.sock)
+        attacker.sock.close()
+        if time.monotonic() < self._reconnect_until and not self._stopping.is_set():
+            replacement = self._open()
+            selector.register(
+                replacement.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, replacement
+            )
