@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -62,9 +63,16 @@ class Figures:
     rss_before_mib: float
     rss_peak_mib: float
     rss_after_mib: float
+    proxy_cpu_s: float  # the proxy's user + system time from the attack's start to its end
     acquires_during: int = 0
     acquire_failures: int = 0
     acquire_latencies_ms: list[float] = field(default_factory=list)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system time the process used so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def acquire_ms(port: int, number: int) -> float | None:
@@ -112,6 +120,7 @@ def run(
                     latencies.append(acquire_ms(port, number))
                     number += 1
 
+            cpu_before = cpu_seconds(proxy.pid)
             started = time.monotonic()
             flood.start()
             acquirer = threading.Thread(target=acquire_loop, daemon=True)
@@ -123,6 +132,7 @@ def run(
             # The attack is complete; the worker gets one more try while it stands.
             latencies.append(acquire_ms(port, 10**6))
             attack_s = time.monotonic() - started
+            cpu_during = cpu_seconds(proxy.pid) - cpu_before
             stop_acquiring.set()
             acquirer.join(timeout=ACQUIRE_TIMEOUT_S + 5)
             peak = max(peak, rss_kib(proxy.pid))
@@ -145,6 +155,7 @@ def run(
         rss_before_mib=round(before / 1024, 1),
         rss_peak_mib=round(peak / 1024, 1),
         rss_after_mib=round(after / 1024, 1),
+        proxy_cpu_s=round(cpu_during, 2),
         acquires_during=len(latencies),
         acquire_failures=len(latencies) - len(answered),
         acquire_latencies_ms=[round(latency, 1) for latency in answered],
@@ -169,7 +180,8 @@ def main() -> None:
     print(
         f"attack: {figures.connections} connections x {figures.headers} headers of 60 KiB, "
         f"{figures.sent_mib} MiB sent in {figures.attack_s} s "
-        f"over {figures.connections_opened} connections"
+        f"over {figures.connections_opened} connections; the proxy used "
+        f"{figures.proxy_cpu_s} s of CPU meanwhile"
     )
     print(
         f"RSS: before {figures.rss_before_mib} MiB, peak {figures.rss_peak_mib} MiB "

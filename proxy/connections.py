@@ -58,8 +58,11 @@ _DETAILS = {
 }
 # After a refusal the client may still be sending: closing at once would reset the
 # connection and could destroy the answer before it is read. Its bytes are read and
-# dropped for this long, then the connection is closed.
+# dropped for this long, or up to this many (a client still sending after that is
+# not reading answers, and dropping its bytes costs the proxy a core), then the
+# connection is closed.
 LINGER_S = 2.0
+LINGER_BYTES = 256 * 1024
 # The freed memory of many closed connections goes back to the system this long
 # after the last one closed (glibc keeps freed heap otherwise; see `_MallocTrim`).
 TRIM_DELAY_S = 1.0
@@ -86,6 +89,7 @@ class GuardedConnection(asyncio.Protocol):
         self.counter = HeadCounter(HEAD_LIMITS)
         self.transport: asyncio.Transport | None = None
         self._refused = False
+        self._dropped = 0  # bytes received since the refusal
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -95,6 +99,9 @@ class GuardedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES and self.transport is not None:
+                self.transport.close()
             return
         heads_before = self.counter.heads_completed
         refusal = self.counter.feed(data)

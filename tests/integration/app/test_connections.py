@@ -10,9 +10,10 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import pytest
 from aiohttp import web
 
-from proxy.connections import HEAD_LIMITS, ConnectionGuard
+from proxy.connections import HEAD_LIMITS, LINGER_BYTES, ConnectionGuard
 from proxy.metrics import Metrics
 
 WITHIN_S = 5.0
@@ -127,6 +128,22 @@ async def test_a_header_block_that_never_ends_is_answered_431_as_it_passes_the_l
             "fenceproxy_refusals_total", {"code": "headers_too_large"}
         )
         assert refusals == 1
+
+
+async def test_a_client_that_keeps_sending_after_a_refusal_is_cut_off() -> None:
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(b"GET /" + b"a" * HEAD_LIMITS.request_line)
+        assert (await answer(reader))[0] == 414
+        sent = 0
+        with pytest.raises(ConnectionError):
+            # The proxy drops LINGER_BYTES and closes; the rest is what the kernels
+            # buffer. Dropping all it gets for LINGER_S would take gigabytes.
+            while sent < 100 * LINGER_BYTES:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                sent += 65536
+        writer.close()
 
 
 async def test_a_request_line_over_the_limit_is_answered_414() -> None:
