@@ -22,13 +22,15 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 from support.header_flood import HeaderFlood, rss_kib
@@ -49,6 +51,7 @@ routes:
 ACQUIRE_TIMEOUT_S = 30.0
 ATTACK_TIMEOUT_S = 300.0
 SAMPLE_S = 0.02
+DONE = -1.0  # the acquirer's last message
 
 
 @dataclass
@@ -93,6 +96,25 @@ def acquire_ms(port: int, number: int) -> float | None:
     return (time.monotonic() - started) * 1000
 
 
+def acquire_loop(port: int, stop: EventType, measured: multiprocessing.Queue[float | None]) -> None:
+    number = 0
+    while not stop.is_set():
+        measured.put(acquire_ms(port, number))
+        number += 1
+    measured.put(DONE)
+
+
+def drain(
+    measured: multiprocessing.Queue[float | None], acquirer: BaseProcess
+) -> list[float | None]:
+    """The acquirer's latencies, up to its DONE mark; then it is joined."""
+    latencies: list[float | None] = []
+    while (latency := measured.get(timeout=ACQUIRE_TIMEOUT_S + 5)) != DONE:
+        latencies.append(latency)
+    acquirer.join(timeout=5)
+    return latencies
+
+
 def run(
     fenceproxy: str, connections: int, headers: int, reconnect_s: float, settle_s: float
 ) -> Figures:
@@ -111,30 +133,28 @@ def run(
                 acquire_ms(port, -1 - number)
             before = rss_kib(proxy.pid)
             flood = HeaderFlood("127.0.0.1", port, connections, headers, reconnect_s)
-            latencies: list[float | None] = []
-            stop_acquiring = threading.Event()
-
-            def acquire_loop() -> None:
-                number = 0
-                while not stop_acquiring.is_set():
-                    latencies.append(acquire_ms(port, number))
-                    number += 1
-
+            # The worker is a process of its own: a thread here would wait for the
+            # flood's thread to let go of the GIL, and measure that instead.
+            spawn = multiprocessing.get_context("spawn")
+            stop_acquiring = spawn.Event()
+            measured: multiprocessing.Queue[float | None] = spawn.Queue()
+            acquirer = spawn.Process(target=acquire_loop, args=(port, stop_acquiring, measured))
+            acquirer.start()
+            # Running and warm before the attack starts (the answer is not counted).
+            measured.get(timeout=ACQUIRE_TIMEOUT_S + 5)
             cpu_before = cpu_seconds(proxy.pid)
             started = time.monotonic()
             flood.start()
-            acquirer = threading.Thread(target=acquire_loop, daemon=True)
-            acquirer.start()
             peak = before
             while not flood.done() and time.monotonic() - started < ATTACK_TIMEOUT_S:
                 peak = max(peak, rss_kib(proxy.pid))
                 time.sleep(SAMPLE_S)
             # The attack is complete; the worker gets one more try while it stands.
-            latencies.append(acquire_ms(port, 10**6))
+            last_try = acquire_ms(port, 10**6)
             attack_s = time.monotonic() - started
             cpu_during = cpu_seconds(proxy.pid) - cpu_before
             stop_acquiring.set()
-            acquirer.join(timeout=ACQUIRE_TIMEOUT_S + 5)
+            latencies = [*drain(measured, acquirer), last_try]
             peak = max(peak, rss_kib(proxy.pid))
             result = flood.stop()
             settled_at = time.monotonic() + settle_s
