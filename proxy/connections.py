@@ -158,12 +158,11 @@ class ConnectionGuard:
         self._waiting: dict[GuardedConnection, None] = {}
         self._trim = _MallocTrim()
 
-    def protocol_factory(self, handler_factory: Callable[[], Any]) -> Callable[[], Any]:
+    def protocol_factory(
+        self, handler_factory: Callable[[], asyncio.Protocol]
+    ) -> Callable[[], GuardedConnection]:
+        """What `loop.create_server` calls per connection, around aiohttp's factory."""
         return lambda: GuardedConnection(self, handler_factory())
-
-    @property
-    def open_connections(self) -> int:
-        return len(self._open)
 
     def opened(self, connection: GuardedConnection) -> None:
         if len(self._open) >= self._max:
