@@ -97,13 +97,15 @@ _PROBLEMS = {
     ErrorCode.FORBIDDEN: _Problem(
         403,
         "Right not granted",
-        "with `auth:`, the client's `may` does not include what the call needs",
+        "with `auth:`, the client's `may` does not include what the call needs; on renew "
+        "or a fenced write, the lease's client is no longer configured (or the lease was "
+        "taken without `auth:`)",
     ),
     ErrorCode.FORBIDDEN_RESOURCE: _Problem(
         403,
         "Resource outside the client's scope",
         "with `auth:`, the resource (or the effect's) matches none of the client's "
-        "`resources` globs",
+        "`resources` globs (on renew or a fenced write: the globs configured now)",
     ),
     ErrorCode.WRONG_RESOURCE: _Problem(
         403, "Token guards another resource", "the token's lease guards another resource"

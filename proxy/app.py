@@ -322,6 +322,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
+        # Counted, not recorded: the store is what does not answer.
+        runtime_of(request).metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
         return problem(
             ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
         )

@@ -142,7 +142,8 @@ async def renew(request: web.Request) -> web.Response:
     token = _presented_token(request)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
-    result = await runtime.store.renew(token_hash(token), seconds)
+    standing = request.config_dict[auth.CREDENTIALS].standing
+    result = await runtime.store.renew(token_hash(token), seconds, standing)
     if isinstance(result, Refusal):
         await _record(request, result)
         return refusal_response(result)

@@ -23,6 +23,7 @@ from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, RouteMatch
 from proxy import forwarding
+from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
 from proxy.requests import fingerprint, idempotency_key, read_body, single_header
 from proxy.runtime import Runtime
@@ -41,6 +42,18 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not have empty, '.' or '..' segments",
             route=route.name,
+        )
+    refused = route.resource.refused_value(match.params)
+    if refused is not None:
+        # A value that holds the template's own separators could pass for another
+        # resource's structure, in or out of a client's globs (policies/templates.py).
+        name, char = refused
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            f"path parameter {{{name}}} may not contain {char!r}: it separates the parts "
+            f"of resource {route.resource.raw!r}",
+            route=route.name,
+            parameter=name,
         )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
@@ -79,7 +92,8 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         retain_s=route.idempotency.retain_s,
         upstream_idempotent=route.upstream_idempotent,
     )
-    decision = await runtime.store.admit(token_hash(token), new)
+    standing = request.config_dict[CREDENTIALS].standing
+    decision = await runtime.store.admit(token_hash(token), new, standing)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.

@@ -98,6 +98,8 @@ async def probe_effect(
             None,
             detail,
             None,
+            # Nothing was asked: no attempt is counted and probing did not "give up".
+            counted=False,
             conclusion="no_probe",
             actor=actor,
         )
