@@ -31,9 +31,9 @@ _KEPT_LINE = 256
 
 @dataclass(frozen=True)
 class HeadLimits:
-    """Over `request_line` bytes the request line is `414 uri_too_long`; over
-    `header_lines` header lines or `header_bytes` bytes of header lines as sent (line
-    ends included) the head is `431 headers_too_large`."""
+    """Over `request_line` bytes the request line (its CR included) is `414 uri_too_long`; over
+    `header_lines` header lines or `header_bytes` bytes of header block as sent (line
+    ends and the blank line that ends it included) the head is `431 headers_too_large`."""
 
     request_line: int
     header_lines: int
@@ -93,16 +93,15 @@ class HeadCounter:
                 self._remaining -= taken
                 position += taken
                 if self._remaining == 0:
-                    self._part = (
-                        _Part.CHUNK_END if self._part is _Part.CHUNK_DATA else (_Part.REQUEST_LINE)
-                    )
+                    chunk = self._part is _Part.CHUNK_DATA
+                    self._part = _Part.CHUNK_END if chunk else _Part.REQUEST_LINE
                 continue
             newline = data.find(b"\n", position)
             stop = end if newline < 0 else newline
-            piece = data[position:stop]
-            if len(self._line) < _KEPT_LINE:
-                self._line += piece[: _KEPT_LINE - len(self._line)]
-            self._line_bytes += len(piece)
+            room = _KEPT_LINE - len(self._line)
+            if room > 0:
+                self._line += data[position : min(stop, position + room)]
+            self._line_bytes += stop - position
             position = stop
             self._check_sizes()
             if newline >= 0 and self.refusal is None:
@@ -123,7 +122,7 @@ class HeadCounter:
         if (
             first_end == start  # an empty line before the request line
             or first_end - start + 1 > limits.request_line
-            or end + 2 - first_end - 2 > limits.header_bytes
+            or end + 2 - first_end > limits.header_bytes  # the blank line's CRLF included
             or lines - 1 > limits.header_lines
             or data.count(b"\r\n", start, end + 2) != lines
             or data.count(b"\n ", start, end) + data.count(b"\n\t", start, end)
@@ -169,7 +168,10 @@ class HeadCounter:
                 self._start_head()
         elif part is _Part.HEADERS:
             if line == b"":
-                self._end_head()
+                if self._header_bytes + line_bytes > self._limits.header_bytes:
+                    self.refusal = ErrorCode.HEADERS_TOO_LARGE
+                else:
+                    self._end_head()
             else:
                 self._count_header_line(line_bytes)
                 if line is not None:

@@ -122,6 +122,8 @@ STREAMS = [
     HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     HEAD + b"X-Folded: a\r\n b\r\n\r\n",
     HEAD + b"X: " + b"a" * 170 + b"\r\n\r\n",
+    HEAD + b"X: " + b"a" * 186 + b"\r\n\r\n",  # header lines of exactly the limit
+    HEAD + b"X: " + b"a" * 187 + b"\r\n\r\n",
     HEAD + b"a: 1\r\nb: 2\r\nc: 3\r\n\r\n",
     b"GET /" + b"a" * 86 + b" HTTP/1.1\r\n\r\n",  # a request line of exactly the limit
     b"GET /" + b"a" * 87 + b" HTTP/1.1\r\n\r\n",
