@@ -50,7 +50,7 @@ HEAD_LIMITS = HeadLimits(
 )
 _DETAILS = {
     ErrorCode.HEADERS_TOO_LARGE: (
-        f"the request's header lines are over {HEAD_LIMITS.header_bytes} bytes "
+        f"the request's header block is over {HEAD_LIMITS.header_bytes} bytes as sent "
         f"or {HEAD_LIMITS.header_lines} lines"
     ),
     ErrorCode.URI_TOO_LONG: f"the request line is over {HEAD_LIMITS.request_line} bytes",
