@@ -415,21 +415,29 @@ def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...
 
 
 def _parse_limits(root: Mapping, problems: Problems) -> Limits:
-    """`limits: {header_timeout_s, body_timeout_s, max_requests}`."""
+    """`limits: {header_timeout_s, body_timeout_s, max_requests, max_connections}`."""
     default = Limits()
     node = root.child("limits")
     if node is None:
         return default
-    block = Mapping(node, problems, {"header_timeout_s", "body_timeout_s", "max_requests"})
+    block = Mapping(
+        node,
+        problems,
+        {"header_timeout_s", "body_timeout_s", "max_requests", "max_connections"},
+    )
     if not block.valid:
         return default
     header = block.number("header_timeout_s", default=default.header_timeout_s, minimum=0.001)
     body = block.number("body_timeout_s", default=default.body_timeout_s, minimum=0.001)
     most = block.number("max_requests", default=default.max_requests, minimum=1, integer=True)
+    connections = block.number(
+        "max_connections", default=default.max_connections, minimum=1, integer=True
+    )
     return Limits(
         float(header) if header is not None else default.header_timeout_s,
         float(body) if body is not None else default.body_timeout_s,
         most if isinstance(most, int) else default.max_requests,
+        connections if isinstance(connections, int) else default.max_connections,
     )
 
 

@@ -84,12 +84,16 @@ class LeaseBounds:
 @dataclass(frozen=True)
 class Limits:
     """What one client may hold of the proxy: seconds to send the request headers
-    (from the connection's start or the previous answer) and then the body, and how
-    many proxied requests are handled at once."""
+    (from the connection's start or the previous answer) and then the body, how
+    many proxied requests are handled at once, and how many connections are open."""
 
     header_timeout_s: float = 15.0
     body_timeout_s: float = 30.0
     max_requests: int = 1024
+    # Past it the connection waiting longest for a request head is closed
+    # (proxy/connections.py); above max_requests, so that each request in flight can
+    # hold its connection and workers still have room to connect.
+    max_connections: int = 1280
 
 
 @dataclass(frozen=True)

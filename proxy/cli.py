@@ -21,13 +21,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import web
-
 from core.leasing_advice import Advice, recommendation
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
-from proxy import operations
+from proxy import connections, operations
 from proxy.app import build_app, default_instance_id, new_instance_id
 from proxy.auth import KeyProblem, exposure_warning, missing_keys
 from proxy.forwarding import new_client_session
@@ -42,6 +40,8 @@ T = TypeVar("T")
 
 # aiohttp refuses oversized headers with a plain-text 400 before any handler runs;
 # its limits sit above the proxy's own so that clients get a problem+json instead.
+# `serve` counts each head before aiohttp keeps it (proxy/connections.py), so a head
+# never grows to these in aiohttp's parser.
 PARSER_LIMITS = {"max_line_size": 65536, "max_field_size": 65536, "max_headers": 256}
 
 
@@ -342,15 +342,17 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        web.run_app(
-            app,
-            host=policy.listen.host,
-            port=policy.listen.port,
-            print=None,
-            access_log=None,
-            shutdown_timeout=args.grace,
-            ssl_context=server_context(tls) if tls is not None else None,
-            **server_options(policy),
+        asyncio.run(
+            connections.serve(
+                app,
+                host=policy.listen.host,
+                port=policy.listen.port,
+                ssl_context=server_context(tls) if tls is not None else None,
+                grace_s=args.grace,
+                max_connections=policy.limits.max_connections,
+                metrics=app[RUNTIME].metrics,
+                server_options=server_options(policy),
+            )
         )
     except OSError as exc:
         # Taken between the check above and the bind: still one line, not a traceback.
@@ -405,7 +407,7 @@ def _check_config(args: argparse.Namespace) -> int:
     fenced = sum(route.fenced for route in policy.routes)
     print(
         f"{path}: ok ({_count(len(policy.routes), 'route')}, {fenced} fenced, store {policy.store}"
-        f"{_tls_summary(policy)})"
+        f"{_tls_summary(policy)}, max {policy.limits.max_connections} connections)"
     )
     for line in _refused_characters(policy):
         print(line)

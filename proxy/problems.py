@@ -13,9 +13,7 @@ from core.records import Refusal
 PROBLEM_TYPE_BASE = "https://fenceproxy.dev/problems/"
 
 
-def problem(
-    code: ErrorCode, detail: str, headers: dict[str, str] | None = None, **context: Any
-) -> web.Response:
+def problem_document(code: ErrorCode, detail: str, **context: Any) -> bytes:
     body = {
         "type": PROBLEM_TYPE_BASE + code,
         "title": code.problem_title,
@@ -24,9 +22,15 @@ def problem(
         "code": code,
         **{key: value for key, value in context.items() if value is not None},
     }
+    return json.dumps(body).encode()
+
+
+def problem(
+    code: ErrorCode, detail: str, headers: dict[str, str] | None = None, **context: Any
+) -> web.Response:
     return web.Response(
         status=code.status,
-        body=json.dumps(body).encode(),
+        body=problem_document(code, detail, **context),
         content_type="application/problem+json",
         headers=headers,
     )

@@ -1151,13 +1151,17 @@ def test_every_retention_problem_is_reported_at_once() -> None:
 
 def test_limits_and_pools_have_defaults_when_absent() -> None:
     policy = parse_policy(VALID)
-    assert policy.limits == Limits(header_timeout_s=15, body_timeout_s=30, max_requests=1024)
+    assert policy.limits == Limits(
+        header_timeout_s=15, body_timeout_s=30, max_requests=1024, max_connections=1280
+    )
     assert policy.upstreams["supplier"].pool == Pool(fenced=256, pass_through=256)
 
 
 def test_limits_are_read() -> None:
-    text = with_text("limits: {header_timeout_s: 2.5, body_timeout_s: 0.5, max_requests: 7}")
-    assert parse_policy(text).limits == Limits(2.5, 0.5, 7)
+    text = with_text(
+        "limits: {header_timeout_s: 2.5, body_timeout_s: 0.5, max_requests: 7, max_connections: 9}"
+    )
+    assert parse_policy(text).limits == Limits(2.5, 0.5, 7, 9)
 
 
 def test_a_limit_left_out_keeps_its_default() -> None:
@@ -1199,12 +1203,21 @@ def test_max_requests_must_be_a_positive_integer() -> None:
     )
 
 
-def test_unknown_key_in_limits() -> None:
+def test_max_connections_must_be_a_positive_integer() -> None:
     assert_single_problem(
-        with_text("limits: {max_connections: 10}"),
+        with_text("limits: {max_connections: 0}"),
         13,
         "limits.max_connections",
-        "unknown key (allowed: body_timeout_s, header_timeout_s, max_requests)",
+        "must be at least 1",
+    )
+
+
+def test_unknown_key_in_limits() -> None:
+    assert_single_problem(
+        with_text("limits: {max_sockets: 10}"),
+        13,
+        "limits.max_sockets",
+        "unknown key (allowed: body_timeout_s, header_timeout_s, max_connections, max_requests)",
     )
 
 
