@@ -71,8 +71,7 @@ def build_app(
         os.environ if environ is None else environ,
     )
     if store is None:
-        pool = (policy.store_pool.min_size, policy.store_pool.max_size)
-        store = open_store(policy.store, clock, default_instance_id(policy), pool)
+        store = open_store(policy.store, clock, default_instance_id(policy), policy.store_pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
     runtime = Runtime(policy, store, identity=identity)
     runtime.metrics.watch_leases(

@@ -11,6 +11,7 @@ from core.codes import ErrorCode
 from core.records import Refusal
 
 PROBLEM_TYPE_BASE = "https://fenceproxy.dev/problems/"
+STORE_RETRY_AFTER_S = "1"
 
 
 def problem(
@@ -24,6 +25,10 @@ def problem(
         "code": code,
         **{key: value for key, value in context.items() if value is not None},
     }
+    if code is ErrorCode.STORE_UNAVAILABLE:
+        # Whatever made the store unavailable (a refusal, a full pool, a failover),
+        # the worker's answer is the same: the same request again, a second later.
+        headers = {"Retry-After": STORE_RETRY_AFTER_S, **(headers or {})}
     return web.Response(
         status=code.status,
         body=json.dumps(body).encode(),
