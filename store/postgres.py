@@ -153,17 +153,17 @@ async def check_server(url: str, pool: StorePool) -> None:
     `store_pool.statement_cache` is on. A server that cannot be reached is not refused
     here: opening the store says that."""
     try:
-        first = await asyncpg.connect(url, statement_cache_size=0)
+        first = await _probe_connection(url, pool)
     except sqlstate.FAILURES:
         return
     try:
         await _refuse_read_only(first)
         if pool.statement_cache:
-            await _refuse_transaction_pooler(url, first)
+            await _refuse_transaction_pooler(url, pool, first)
     except sqlstate.FAILURES:
         return
     finally:
-        await first.close()
+        await _close_probe(first)
 
 
 async def _refuse_read_only(conn: asyncpg.Connection) -> None:
@@ -188,13 +188,22 @@ async def _refuse_read_only(conn: asyncpg.Connection) -> None:
 POOLER_PROBES = 3
 
 
-async def _refuse_transaction_pooler(url: str, first: asyncpg.Connection) -> None:
+async def _probe_connection(url: str, pool: StorePool) -> asyncpg.Connection:
+    return await asyncpg.connect(
+        url,
+        statement_cache_size=0,
+        timeout=pool.command_timeout_s,
+        command_timeout=pool.command_timeout_s,
+    )
+
+
+async def _refuse_transaction_pooler(url: str, pool: StorePool, first: asyncpg.Connection) -> None:
     """Two client connections open at once have two server backends, unless a pooler
     hands one server connection to each in turn between their transactions: that is
     transaction (or statement) pooling, where asyncpg's named statements collide. A
     busy pooler may hand out another idle server connection, so this can miss one;
     it never accuses a direct connection or a session pooler."""
-    second = await asyncpg.connect(url, statement_cache_size=0)
+    second = await _probe_connection(url, pool)
     try:
         for _ in range(POOLER_PROBES):
             mine = await first.fetchval("SELECT pg_backend_pid()")
@@ -206,7 +215,16 @@ async def _refuse_transaction_pooler(url: str, first: asyncpg.Connection) -> Non
                     "prepared statements collide: set store_pool.statement_cache: false"
                 )
     finally:
-        await second.close()
+        await _close_probe(second)
+
+
+async def _close_probe(conn: asyncpg.Connection) -> None:
+    """Politely if the server answers, else at once: a probe that timed out must not
+    hang the startup on its goodbye."""
+    try:
+        await conn.close(timeout=1.0)
+    except sqlstate.FAILURES:
+        conn.terminate()
 
 
 class PostgresConnector:
@@ -235,6 +253,7 @@ class PostgresConnector:
                 # round trip each), which a transaction-mode pooler cannot mix up.
                 statement_cache_size=100 if self.pool.statement_cache else 0,
                 command_timeout=self.pool.command_timeout_s,
+                timeout=self.pool.command_timeout_s,
                 connection_class=CountingConnection,
                 init=self._count_round_trips,
                 reset=_keep_session,
