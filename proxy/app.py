@@ -322,7 +322,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
         return problem(
-            ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
+            ErrorCode.STORE_UNAVAILABLE,
+            "the lease store did not answer or refused (try again); nothing was done",
         )
     except web.HTTPException as exc:
         if exc.status == 405:

@@ -11,7 +11,8 @@ that locks and reads (`own_clock`: it answers the time and the store id itself),
 one write, COMMIT; its receipt one statement that is its own transaction
 (`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
 
-Driver errors are translated here: nothing above the store sees asyncpg.
+Driver errors are translated here, by what store/sqlstate.py says they mean: nothing
+above the store sees asyncpg.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class RoundTrips:
     """Every exchange with the server a connector's connections made: each statement,
     BEGIN, COMMIT and ROLLBACK (asyncpg sends each as one message and waits for its
     answer). Not counted: preparing a statement, once per connection per statement
-    (asyncpg caches it), and opening connections. Read by the bench and the tests."""
+    (asyncpg caches it), or before every execution with `store_pool.statement_cache`
+    off (one more exchange per statement), and opening connections. Read by the bench
+    and the tests."""
 
     def __init__(self) -> None:
         self.count = 0
