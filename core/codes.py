@@ -204,7 +204,7 @@ _PROBLEMS = {
         "Store unavailable",
         "the store did not answer, refused a write, or cannot be trusted (its SQLite file was "
         "deleted or replaced): before dispatch nothing was decided; after it the receipt was "
-        "not recorded and the effect stays in doubt",
+        "not recorded and the effect stays in doubt (`Retry-After` set)",
     ),
     ErrorCode.OVERLOADED: _Problem(
         503,

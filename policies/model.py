@@ -49,10 +49,18 @@ class Listen:
 
 @dataclass(frozen=True)
 class StorePool:
-    """PostgreSQL connection pool size per proxy process."""
+    """PostgreSQL connection pool per proxy process: its size; whether statements are
+    prepared once per connection and kept (`statement_cache`: off behind a pooler in
+    transaction mode, where a prepared statement's name means different things on
+    different server connections); how long a request waits for a free connection
+    (`acquire_timeout_s`) and for one statement (`command_timeout_s`) before the store
+    counts as unavailable."""
 
     min_size: int
     max_size: int
+    statement_cache: bool = True
+    acquire_timeout_s: float = 5.0
+    command_timeout_s: float = 30.0
 
 
 DAY_S = 86400.0

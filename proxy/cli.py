@@ -33,7 +33,7 @@ from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memo
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from proxy.runtime import RUNTIME
 from reconcile.prober import ProbeResult
-from store import Store, StoreError, open_store
+from store import Store, StoreError, check_server, open_store
 from store.files import backup_sqlite, schema_versions
 
 T = TypeVar("T")
@@ -283,7 +283,9 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]])
     policy = _policy(args)
 
     async def run() -> T:
-        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}", (1, 2))
+        # Two connections, with the policy's cache and timeouts (a pooler's mode).
+        pool = dataclasses.replace(policy.store_pool, min_size=1, max_size=2)
+        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}", pool)
         await store.open()
         try:
             return await work(store)
@@ -327,6 +329,8 @@ def _serve(args: argparse.Namespace) -> int:
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen
         _check_free(metrics.host, metrics.port, "metrics_listen.port")
+    # Before the banner: a standby or a read-only database is refused, not started on.
+    asyncio.run(check_server(policy.store, policy.store_pool))
     warning = exposure_warning(policy)
     if warning is not None:
         print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)

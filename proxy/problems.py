@@ -11,6 +11,7 @@ from core.codes import ErrorCode
 from core.records import Refusal
 
 PROBLEM_TYPE_BASE = "https://fenceproxy.dev/problems/"
+STORE_RETRY_AFTER_S = "1"
 
 
 def problem_document(code: ErrorCode, detail: str, **context: Any) -> bytes:
@@ -28,6 +29,10 @@ def problem_document(code: ErrorCode, detail: str, **context: Any) -> bytes:
 def problem(
     code: ErrorCode, detail: str, headers: dict[str, str] | None = None, **context: Any
 ) -> web.Response:
+    if code is ErrorCode.STORE_UNAVAILABLE:
+        # Whatever made the store unavailable (a refusal, a full pool, a failover),
+        # the worker's answer is the same: the same request again, a second later.
+        headers = {"Retry-After": STORE_RETRY_AFTER_S, **(headers or {})}
     return web.Response(
         status=code.status,
         body=problem_document(code, detail, **context),

@@ -15,6 +15,7 @@ from policies import (
     Pool,
     Problem,
     Retention,
+    StorePool,
     load_policy,
     parse_policy,
 )
@@ -669,6 +670,33 @@ def test_sqlite_store_without_three_slashes() -> None:
 def test_postgresql_store_url_is_accepted() -> None:
     text = edit("store: sqlite:///state/test.db", "store: postgresql://fence@db:5432/fence")
     assert parse_policy(text).store == "postgresql://fence@db:5432/fence"
+
+
+def test_statement_cache_size_in_the_store_url_names_the_option_to_use() -> None:
+    text = edit(
+        "store: sqlite:///state/test.db",
+        "store: postgresql://fence@db:5432/fence?sslmode=disable&statement_cache_size=0",
+    )
+    assert_single_problem(text, 3, "store", "set store_pool.statement_cache: false instead")
+
+
+def test_store_pool_options_parse_with_their_defaults() -> None:
+    assert parse_policy(VALID).store_pool == StorePool(1, 10, True, 5.0, 30.0)
+    text = with_text(
+        "store_pool: {max_size: 4, statement_cache: false, acquire_timeout_s: 0.5,"
+        " command_timeout_s: 2}"
+    )
+    assert parse_policy(text).store_pool == StorePool(1, 4, False, 0.5, 2.0)
+
+
+def test_store_pool_statement_cache_must_be_a_boolean() -> None:
+    text = with_text("store_pool: {statement_cache: off-please}")
+    assert_single_problem(text, 13, "store_pool.statement_cache", "expected true or false")
+
+
+def test_store_pool_timeouts_must_be_positive() -> None:
+    text = with_text("store_pool: {acquire_timeout_s: 0}")
+    assert_single_problem(text, 13, "store_pool.acquire_timeout_s", "must be at least 0.001")
 
 
 def test_min_ttl_above_max_ttl() -> None:
