@@ -167,7 +167,10 @@ _PROBLEMS = {
     ),
     ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
     ErrorCode.HEADERS_TOO_LARGE: _Problem(
-        431, "Request headers too large", "one header over 8 KiB or all over 32 KiB"
+        431,
+        "Request headers too large",
+        "one header over 8 KiB or all over 32 KiB, or (counted as sent) a header block "
+        "over 40 KiB or 256 lines; the connection is closed",
     ),
     ErrorCode.URI_TOO_LONG: _Problem(
         414, "Request target too long", "the request target (path and query) is over 8 KiB"
