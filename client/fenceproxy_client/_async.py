@@ -19,14 +19,18 @@ from fenceproxy_client._common import (
     RETRIED_WHEN_WAITING,
     SETTLE_POLL_S,
     SETTLED_STATES,
+    Cert,
     Grant,
     LeaseState,
     Step,
-    admin_headers,
+    Verify,
+    bearer,
     checked,
     fenced_headers,
     logger,
+    reader_headers,
     retry_delay,
+    tls_settings,
 )
 
 # Called once when the lease is known lost; it may be a coroutine function.
@@ -42,15 +46,25 @@ class AsyncFenceClient:
         *,
         timeout_s: float = 10.0,
         admin_token: str | None = None,
+        api_key: str | None = None,
+        verify: Verify = True,
+        cert: Cert | None = None,
         trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._admin_token = admin_token
+        # The client key goes on lease calls and reads only, never on a fenced
+        # write: that would hand it to the upstream.
+        self._api_key = api_key
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
         self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, transport=transport, trust_env=trust_env
+            base_url=base_url,
+            timeout=timeout_s,
+            verify=tls_settings(verify, cert, trust_env),
+            transport=transport,
+            trust_env=trust_env,
         )
 
     def __repr__(self) -> str:
@@ -114,7 +128,9 @@ class AsyncFenceClient:
         attempt = 0
         while True:
             sent_at = time.monotonic()
-            response = await self._http.post(f"{API}/leases", json=body)
+            response = await self._http.post(
+                f"{API}/leases", json=body, headers=bearer(self._api_key)
+            )
             try:
                 checked(response, True, time.time())
             except errors.FenceError as refused:
@@ -132,7 +148,9 @@ class AsyncFenceClient:
 
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """See `FenceClient.wait_settled`."""
-        return await self._wait_settled(effect_id, timeout_s, admin_headers(self._admin_token))
+        return await self._wait_settled(
+            effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
+        )
 
     async def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
@@ -149,13 +167,17 @@ class AsyncFenceClient:
     async def _renew(self, token: str, ttl_s: float) -> Grant:
         sent_at = time.monotonic()
         response = await self._http.post(
-            f"{API}/leases/renew", json={"ttl_s": ttl_s}, headers={"Fence-Token": token}
+            f"{API}/leases/renew",
+            json={"ttl_s": ttl_s},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         return Grant.read(checked(response, True, time.time()).json(), sent_at)
 
     async def _release(self, token: str) -> None:
         response = await self._http.post(
-            f"{API}/leases/release", json={}, headers={"Fence-Token": token}
+            f"{API}/leases/release",
+            json={},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         checked(response, True, time.time())
 

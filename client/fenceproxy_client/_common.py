@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import os
 import secrets
+import ssl
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,10 +115,48 @@ def fenced_headers(
     return sent
 
 
-def admin_headers(admin_token: str | None) -> dict[str, str]:
-    if admin_token is None:
-        raise ValueError("reading an effect without a lease needs the client's admin_token")
-    return {"Authorization": f"Bearer {admin_token}"}
+def bearer(key: str | None) -> dict[str, str]:
+    """The client key's header for a lease call (none without a key)."""
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def reader_headers(admin_token: str | None, api_key: str | None) -> dict[str, str]:
+    """Reading an effect without a lease: the admin token, else the client key (whose
+    client needs the `read` right on the effect's resource)."""
+    key = admin_token if admin_token is not None else api_key
+    if key is None:
+        raise ValueError(
+            "reading an effect without a lease needs the client's admin_token or api_key"
+        )
+    return bearer(key)
+
+
+# What `verify=` and `cert=` take, as httpx spells them: a CA bundle (file or folder),
+# an SSLContext or a bool; a client certificate as a PEM file holding the key too, or
+# (certificate, key) or (certificate, key, password).
+Verify = ssl.SSLContext | str | os.PathLike[str] | bool
+Cert = str | os.PathLike[str] | tuple[str, str] | tuple[str, str, str]
+
+
+def tls_settings(verify: Verify, cert: Cert | None, trust_env: bool) -> ssl.SSLContext | bool:
+    """What httpx is given as `verify`. httpx deprecates a path in `verify` and
+    `cert=` itself (a DeprecationWarning on every client), so both are turned into
+    an SSLContext here."""
+    if cert is None and (isinstance(verify, ssl.SSLContext | bool)):
+        return verify
+    if isinstance(verify, ssl.SSLContext):
+        raise ValueError("with verify=<SSLContext>, load the client certificate into it")
+    if isinstance(verify, bool):
+        context = httpx.create_ssl_context(verify=verify, trust_env=trust_env)
+    elif os.path.isdir(verify):
+        context = ssl.create_default_context(capath=verify)
+    else:
+        context = ssl.create_default_context(cafile=verify)
+    if isinstance(cert, tuple):
+        context.load_cert_chain(*cert)
+    elif cert is not None:
+        context.load_cert_chain(cert)
+    return context
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,18 @@ from fenceproxy_client._common import (
     RETRIED_WHEN_WAITING,
     SETTLE_POLL_S,
     SETTLED_STATES,
+    Cert,
     Grant,
     LeaseState,
     Step,
-    admin_headers,
+    Verify,
+    bearer,
     checked,
     fenced_headers,
     logger,
+    reader_headers,
     retry_delay,
+    tls_settings,
 )
 
 OnLost = Callable[[], object]
@@ -39,15 +43,25 @@ class FenceClient:
         *,
         timeout_s: float = 10.0,
         admin_token: str | None = None,
+        api_key: str | None = None,
+        verify: Verify = True,
+        cert: Cert | None = None,
         trust_env: bool = False,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._admin_token = admin_token
+        # The client key goes on lease calls and reads only, never on a fenced
+        # write: that would hand it to the upstream.
+        self._api_key = api_key
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
         self._http = httpx.Client(
-            base_url=base_url, timeout=timeout_s, transport=transport, trust_env=trust_env
+            base_url=base_url,
+            timeout=timeout_s,
+            verify=tls_settings(verify, cert, trust_env),
+            transport=transport,
+            trust_env=trust_env,
         )
 
     def __repr__(self) -> str:
@@ -112,7 +126,7 @@ class FenceClient:
         attempt = 0
         while True:
             sent_at = time.monotonic()
-            response = self._http.post(f"{API}/leases", json=body)
+            response = self._http.post(f"{API}/leases", json=body, headers=bearer(self._api_key))
             try:
                 checked(response, True, time.time())
             except errors.FenceError as refused:
@@ -131,7 +145,9 @@ class FenceClient:
     def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """Poll the effect (with the admin token) until reconciliation settles it:
         COMMITTED or NOT_COMMITTED. TimeoutError if it is still in doubt at `timeout_s`."""
-        return self._wait_settled(effect_id, timeout_s, admin_headers(self._admin_token))
+        return self._wait_settled(
+            effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
+        )
 
     def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
@@ -148,12 +164,18 @@ class FenceClient:
     def _renew(self, token: str, ttl_s: float) -> Grant:
         sent_at = time.monotonic()
         response = self._http.post(
-            f"{API}/leases/renew", json={"ttl_s": ttl_s}, headers={"Fence-Token": token}
+            f"{API}/leases/renew",
+            json={"ttl_s": ttl_s},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         return Grant.read(checked(response, True, time.time()).json(), sent_at)
 
     def _release(self, token: str) -> None:
-        response = self._http.post(f"{API}/leases/release", json={}, headers={"Fence-Token": token})
+        response = self._http.post(
+            f"{API}/leases/release",
+            json={},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
+        )
         checked(response, True, time.time())
 
     def _request(
