@@ -125,9 +125,11 @@ async def test_the_async_client_sends_its_key_too(auth_stack: Stack) -> None:
 def test_a_listener_with_a_private_ca_is_trusted_through_verify(
     tls_listener: TlsStack, certificates: Certificates
 ) -> None:
-    with FenceClient(tls_listener.proxy_url, timeout_s=5.0) as untrusting:
-        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            untrusting.acquire("supplier:tls-a", "worker-a")
+    with (
+        FenceClient(tls_listener.proxy_url, timeout_s=5.0) as untrusting,
+        pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"),
+    ):
+        untrusting.acquire("supplier:tls-a", "worker-a")
     for verify in (str(certificates.proxy_ca.cert), certificates.proxy_ca.cert):
         with (
             FenceClient(tls_listener.proxy_url, verify=verify, timeout_s=5.0) as client,
@@ -154,11 +156,13 @@ async def test_mutual_tls_names_a_cert_subject_client_by_the_clients_certificate
             assert placed.status_code == 201
         with pytest.raises(errors.ForbiddenResource):
             client.acquire("rule:mtls-a", "worker-7")
-    async with AsyncFenceClient(
-        mutual_tls_clients.proxy_url, verify=ca, cert=cert, timeout_s=5.0
-    ) as async_client:
-        async with async_client.lease("supplier:mtls-b", "worker-7", ttl_s=10):
-            pass
+    async with (
+        AsyncFenceClient(
+            mutual_tls_clients.proxy_url, verify=ca, cert=cert, timeout_s=5.0
+        ) as async_client,
+        async_client.lease("supplier:mtls-b", "worker-7", ttl_s=10),
+    ):
+        pass
     # Without the certificate the handshake is refused: nothing is answered over HTTP.
     with (
         FenceClient(mutual_tls_clients.proxy_url, verify=ca, timeout_s=5.0) as anonymous,
