@@ -21,6 +21,7 @@ from fenceproxy_client._common import (
     SETTLED_STATES,
     Cert,
     Grant,
+    LeaseNeeds,
     LeaseState,
     Step,
     Verify,
@@ -56,6 +57,7 @@ class AsyncFenceClient:
         # The client key goes on lease calls and reads only, never on a fenced
         # write: that would hand it to the upstream.
         self._api_key = api_key
+        self._needs = LeaseNeeds()
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
@@ -296,9 +298,31 @@ class AsyncLease:
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:
             extra["timeout"] = timeout_s
-        response = await self._client._request(
-            method, path, fenced_headers(self.token, idempotency_key, headers), **extra
-        )
+        sent = fenced_headers(self.token, idempotency_key, headers)
+        needs = self._client._needs
+        if self._state.should_renew_for(needs.needed(method, path), time.monotonic()):
+            await self.renew()
+        try:
+            return await self._send(method, path, sent, raise_for_status, extra)
+        except errors.LeaseTooShort as refused:
+            # Nothing was sent upstream, so sending once more after a renewal is safe.
+            # A ttl shorter than the route needs cannot be helped by renewing.
+            if not self._state.should_renew_for(
+                needs.learn(method, path, refused), time.monotonic()
+            ):
+                raise
+            await self.renew()
+        return await self._send(method, path, sent, raise_for_status, extra)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        raise_for_status: bool,
+        extra: dict[str, Any],
+    ) -> httpx.Response:
+        response = await self._client._request(method, path, headers, **extra)
         try:
             return checked(response, raise_for_status, time.time())
         except errors.FenceError as refused:

@@ -187,6 +187,36 @@ class Grant:
         )
 
 
+class LeaseNeeds:
+    """How long a lease must have left for a fenced request to be admitted, as the
+    proxy said in `lease_too_short` (`needed_s`: the route's upstream timeout), per
+    method and path. Shared by a client's leases, so the next lease on the same path
+    renews before its write instead of being refused first. Bounded: the oldest
+    entry is forgotten first (and learnt again from one refusal)."""
+
+    MAX_REMEMBERED = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._needed_s: dict[tuple[str, str], float] = {}
+
+    def learn(self, method: str, path: str, refusal: errors.FenceError) -> float | None:
+        needed = refusal.problem.get("needed_s")
+        if not isinstance(needed, int | float) or isinstance(needed, bool):
+            return None  # a proxy too old to say
+        key = (method.upper(), path)
+        with self._lock:
+            self._needed_s.pop(key, None)
+            if len(self._needed_s) >= self.MAX_REMEMBERED:
+                del self._needed_s[next(iter(self._needed_s))]
+            self._needed_s[key] = float(needed)
+        return float(needed)
+
+    def needed(self, method: str, path: str) -> float | None:
+        with self._lock:
+            return self._needed_s.get((method.upper(), path))
+
+
 class Step(Enum):
     RENEW = auto()
     WAIT = auto()
@@ -227,6 +257,15 @@ class LeaseState:
     def progress(self, now: float) -> None:
         with self._lock:
             self.last_progress = now
+
+    def should_renew_for(self, needed_s: float | None, now: float) -> bool:
+        """Whether to renew before a request whose route needs `needed_s` left on the
+        lease: when less is left by the local clock (which ends the lease no later than
+        the proxy's) and a renewal to this lease's ttl would give enough."""
+        if needed_s is None:
+            return False
+        with self._lock:
+            return self.grant.local_expiry - now < needed_s <= self.ttl_s
 
     def renewed(self, grant: Grant, now: float) -> None:
         with self._lock:

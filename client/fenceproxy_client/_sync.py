@@ -19,6 +19,7 @@ from fenceproxy_client._common import (
     SETTLED_STATES,
     Cert,
     Grant,
+    LeaseNeeds,
     LeaseState,
     Step,
     Verify,
@@ -53,6 +54,7 @@ class FenceClient:
         # The client key goes on lease calls and reads only, never on a fenced
         # write: that would hand it to the upstream.
         self._api_key = api_key
+        self._needs = LeaseNeeds()
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
@@ -292,18 +294,45 @@ class Lease:
         content: bytes | str | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
-        """Send a request through the proxy with this lease's token (never retried).
+        """Send a request through the proxy with this lease's token.
 
         Raises the proxy's refusal as its `FenceError`, an upstream's non-2xx answer as
         `UpstreamError` (returned instead with `raise_for_status=False`). It is sent even
         when the lease looks lost here: the proxy decides, not this process's clock.
+
+        Lease sizing: before the request, the lease is renewed when less is left on it
+        than the proxy said this method and path need (`needed_s` of an earlier
+        `lease_too_short`); on `lease_too_short` it is renewed and the request sent
+        once more (nothing reached the upstream). Nothing else is ever sent twice.
         """
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:
             extra["timeout"] = timeout_s
-        response = self._client._request(
-            method, path, fenced_headers(self.token, idempotency_key, headers), **extra
-        )
+        sent = fenced_headers(self.token, idempotency_key, headers)
+        needs = self._client._needs
+        if self._state.should_renew_for(needs.needed(method, path), time.monotonic()):
+            self.renew()
+        try:
+            return self._send(method, path, sent, raise_for_status, extra)
+        except errors.LeaseTooShort as refused:
+            # Nothing was sent upstream, so sending once more after a renewal is safe.
+            # A ttl shorter than the route needs cannot be helped by renewing.
+            if not self._state.should_renew_for(
+                needs.learn(method, path, refused), time.monotonic()
+            ):
+                raise
+            self.renew()
+        return self._send(method, path, sent, raise_for_status, extra)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        raise_for_status: bool,
+        extra: dict[str, Any],
+    ) -> httpx.Response:
+        response = self._client._request(method, path, headers, **extra)
         try:
             return checked(response, raise_for_status, time.time())
         except errors.FenceError as refused:
