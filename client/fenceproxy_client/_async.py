@@ -96,9 +96,12 @@ class AsyncFenceClient:
         renew: bool = False,
         progress_timeout_s: float | None = None,
         on_lost: AsyncOnLost | None = None,
+        cancel_on_lost: bool = False,
     ) -> AsyncLeaseScope:
         """An async context manager: acquires on entry, releases (and stops renewing)
-        on exit."""
+        on exit. With `cancel_on_lost`, the block is a cancel scope: once the lease is
+        known lost (seen by the renewer, or its ttl ran out), the task running the block
+        is cancelled, and the `async with` raises `errors.LeaseLost` in its place."""
         return AsyncLeaseScope(
             lambda: self.acquire(
                 resource,
@@ -108,7 +111,8 @@ class AsyncFenceClient:
                 renew=renew,
                 progress_timeout_s=progress_timeout_s,
                 on_lost=on_lost,
-            )
+            ),
+            cancel_on_lost,
         )
 
     async def acquire(
@@ -193,12 +197,17 @@ class AsyncLeaseScope:
     """What `AsyncFenceClient.lease` returns: `async with` acquires, and releases on the
     way out."""
 
-    def __init__(self, acquire: Callable[[], Awaitable[AsyncLease]]) -> None:
+    def __init__(
+        self, acquire: Callable[[], Awaitable[AsyncLease]], cancel_on_lost: bool = False
+    ) -> None:
         self._acquire = acquire
+        self._cancel_on_lost = cancel_on_lost
         self._lease: AsyncLease | None = None
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._acquire()
+        if self._cancel_on_lost:
+            self._lease._cancel_when_lost(asyncio.current_task())
         return self._lease
 
     async def __aexit__(
@@ -208,7 +217,12 @@ class AsyncLeaseScope:
         traceback: TracebackType | None,
     ) -> None:
         assert self._lease is not None
+        # As asyncio.timeout does: the cancellation this scope asked for ends here, as
+        # LeaseLost; any other (the caller's own) goes on.
+        cancelled_here = self._lease._stop_cancelling()
         await self._lease.__aexit__(exc_type, exc, traceback)
+        if cancelled_here and exc_type is asyncio.CancelledError:
+            raise self._lease._lost_error() from exc
 
 
 class AsyncLease:
@@ -229,6 +243,9 @@ class AsyncLease:
         self._state = LeaseState(grant, ttl_s, renew, progress_timeout_s, time.monotonic())
         self._on_lost = on_lost
         self._stop = asyncio.Event()
+        # The task running a `cancel_on_lost` block, and whether it was cancelled.
+        self._cancel_target: asyncio.Task[Any] | None = None
+        self._cancelled_target = False
         self._renewer: asyncio.Task[None] | None = None
         if renew or on_lost is not None:
             self._renewer = asyncio.get_running_loop().create_task(
@@ -330,6 +347,10 @@ class AsyncLease:
                 await self._lose(f"a request was refused: {refused.code}")
             raise
 
+    def check(self) -> None:
+        """See `Lease.check`."""
+        self._state.check(time.monotonic())
+
     def progress(self) -> None:
         """See `Lease.progress`."""
         self._state.progress(time.monotonic())
@@ -361,7 +382,36 @@ class AsyncLease:
         if self._state.lose(why):
             await self._call_on_lost()
 
+    def _cancel_when_lost(self, task: asyncio.Task[Any] | None) -> None:
+        self._cancel_target = task
+        if self._renewer is None:  # not renewed: watched only to tell when it expires
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"fence-renew-{self.resource}"
+            )
+
+    def _stop_cancelling(self) -> bool:
+        """Detach the block's task; True if it was cancelled for the lost lease (that
+        cancellation request is withdrawn: it is answered by LeaseLost instead)."""
+        target, self._cancel_target = self._cancel_target, None
+        if self._cancelled_target and target is not None:
+            target.uncancel()
+            return True
+        return False
+
+    def _lost_error(self) -> errors.LeaseLost:
+        try:
+            self._state.check(time.monotonic())
+        except errors.LeaseLost as lost:
+            return lost
+        return errors.LeaseLost(self.resource, self.epoch, "lost")
+
     async def _call_on_lost(self) -> None:
+        # The block's own task learns it from the refusal it is raising; cancelling it
+        # as well would leave a stray cancellation on it.
+        target = self._cancel_target
+        if target is not None and target is not asyncio.current_task() and not target.done():
+            self._cancelled_target = True
+            target.cancel(f"the lease on {self.resource} is lost")
         if self._on_lost is None:
             return
         try:

@@ -248,11 +248,22 @@ class LeaseState:
         self.last_progress = now
         self.next_renewal = now + ttl_s / 3
         self.lost = False
+        self.why_lost = ""
         self.released = False
 
     def is_lost(self, now: float) -> bool:
         with self._lock:
             return self.lost or (not self.released and now >= self.grant.local_expiry)
+
+    def check(self, now: float) -> None:
+        """Raise LeaseLost if the lease is known to be gone."""
+        with self._lock:
+            lost, why = self.lost, self.why_lost
+            if not lost and not self.released and now >= self.grant.local_expiry:
+                lost, why = True, "it expired without a renewal"
+            grant = self.grant
+        if lost:
+            raise errors.LeaseLost(grant.resource, grant.epoch, why)
 
     def progress(self, now: float) -> None:
         with self._lock:
@@ -286,6 +297,7 @@ class LeaseState:
             if self.lost or self.released:
                 return False
             self.lost = True
+            self.why_lost = why
         logger.warning(
             "lease on %s (holder %s, epoch %d) lost: %s",
             self.grant.resource,

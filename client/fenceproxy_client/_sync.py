@@ -340,6 +340,12 @@ class Lease:
                 self._lose(f"a request was refused: {refused.code}")
             raise
 
+    def check(self) -> None:
+        """Raise `errors.LeaseLost` if the lease is known to be gone (see `lost`): call
+        it between steps of work that must not go on without the lease. The sync
+        counterpart of client-go's OnStoppedLeading (a thread cannot be cancelled)."""
+        self._state.check(time.monotonic())
+
     def progress(self) -> None:
         """Say the work is still moving; with `progress_timeout_s`, renewal stops when
         this has not been called for that long."""
