@@ -76,7 +76,7 @@ def routing_logs(tmp_path: Path) -> RoutingLogs:
 
 @asynccontextmanager
 async def routing_server(
-    stack: Stack,
+    stack: Stack | None,
     logs: RoutingLogs,
     lease_ttl_s: float = LEASE_TTL_S,
     claim_ttl_s: float = CLAIM_TTL_S,
@@ -86,14 +86,18 @@ async def routing_server(
     stop_before_write: bool = True,
 ) -> AsyncIterator[ClientSession]:
     """The example server with one worker, as an MCP client (Claude Desktop, ...) starts
-    it; the worker holding the job's first claim stops itself before its write."""
+    it; the worker holding the job's first claim stops itself before its write.
+    `proxy_url`: a proxy of the test's own instead of the stack's."""
+    if proxy_url is None:
+        assert stack is not None
+        proxy_url = stack.proxy_url
     parameters = StdioServerParameters(
         command=sys.executable,
         args=[
             "-m",
             "examples.mcp_routing.server",
             "--proxy",
-            proxy_url or stack.proxy_url,
+            proxy_url,
             "--state",
             str(logs.state_dir),
             "--workers",
