@@ -84,6 +84,8 @@ async def routing_server(
     blocked_recheck_s: float = 60.0,
     proxy_url: str | None = None,
     stop_before_write: bool = True,
+    extra_args: tuple[str, ...] = (),
+    env: tuple[tuple[str, str], ...] = (),
 ) -> AsyncIterator[ClientSession]:
     """The example server with one worker, as an MCP client (Claude Desktop, ...) starts
     it; the worker holding the job's first claim stops itself before its write.
@@ -114,10 +116,12 @@ async def routing_server(
             str(settle_wait_s),
             "--blocked-recheck",
             str(blocked_recheck_s),
+            *extra_args,
         ],
         env={
             "PYTHONUNBUFFERED": "1",
             **({STOP_BEFORE_WRITE_ENV: "1"} if stop_before_write else {}),
+            **dict(env),
         },
         cwd=PROJECT_ROOT,
     )

@@ -12,6 +12,7 @@ the official MCP SDK's stdio client as a host does, against real processes.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from tests.integration.processes.conftest import (
     PROJECT_ROOT,
     STARTUP_TIMEOUT_S,
     Stack,
+    StackOptions,
+    _start_stack,
     http_call,
 )
 from tests.integration.processes.test_mcp_routing import (
@@ -271,3 +274,42 @@ async def test_the_tools_describe_their_limits_and_manage_jobs(
         # Limits are checked before anything runs.
         too_many = await session.call_tool("list_jobs", {"limit": 101})
         assert too_many.is_error
+
+
+ROUTING_KEY_ENV = "ROUTING_WORKERS_KEY"
+ROUTING_KEY = secrets.token_urlsafe(32)
+ROUTING_AUTH = f"""\
+auth:
+  clients:
+    - name: routing-workers
+      key_env: {ROUTING_KEY_ENV}
+      resources: ["rule:*"]
+      may: [lease, read]
+"""
+
+
+@pytest.fixture
+def auth_stack(tmp_path: Path) -> Iterator[Stack]:
+    yield from _start_stack(
+        tmp_path, StackOptions(top_level=ROUTING_AUTH, env=((ROUTING_KEY_ENV, ROUTING_KEY),))
+    )
+
+
+async def test_the_server_passes_its_client_key_to_the_workers(
+    auth_stack: Stack, routing_logs: RoutingLogs
+) -> None:
+    """Where `auth:` is on: --api-key-env names the variable (the key never goes on a
+    command line), and the server's workers lease with it."""
+    async with routing_server(
+        auth_stack,
+        routing_logs,
+        stop_before_write=False,
+        extra_args=("--api-key-env", ROUTING_KEY_ENV),
+        env=((ROUTING_KEY_ENV, ROUTING_KEY),),
+    ) as session:
+        queued = await call(session, "update_routing_rule", rule_id=RULE_ID, route_to="eu-west")
+        status = await status_in(session, queued["job_id"], "done", "failed", "blocked")
+    assert status["state"] == "done", status
+    # With `auth:` on, a lease without the key is refused (401): done is the key's work.
+    history = auth_stack.upstream_rule_history(RULE_ID)
+    assert [entry["rule"]["route_to"] for entry in history] == ["eu-west"]
