@@ -41,13 +41,12 @@ from pydantic import BaseModel, Field
 
 from examples.mcp_routing.jobs import (
     BLOCKED_RECHECK_S,
-    DONE,
     PENDING,
     BlockedJob,
     JobStore,
     Outcome,
 )
-from examples.mcp_routing.worker import ProxyAccess
+from examples.mcp_routing.worker import ProxyAccess, outcome_of_settlement
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 SUPERVISE_INTERVAL_S: Final = 0.1
@@ -296,13 +295,7 @@ async def recheck(settings: ServerSettings, store: JobStore, blocked: BlockedJob
                 outcome = Outcome("settled", PENDING, "the write in doubt was settled")
             else:
                 state = await lease.wait_settled(blocked.effect_id, 0)
-                outcome = (
-                    Outcome("written", DONE, f"effect {blocked.effect_id} settled COMMITTED")
-                    if state == "COMMITTED"
-                    else Outcome(
-                        state.lower(), PENDING, f"effect {blocked.effect_id} settled {state}"
-                    )
-                )
+                outcome = outcome_of_settlement(blocked.effect_id, state)
     except (errors.ResourceBlocked, errors.LeaseHeld, TimeoutError):
         outcome = None  # still in doubt, or the rule is busy: look again later
     except (errors.FenceError, httpx.TransportError) as exc:
@@ -491,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.api_key_env and not os.environ.get(args.api_key_env):
+        # Else every worker would die at start, and be restarted once a second.
+        parser.error(f"--api-key-env: {args.api_key_env} is not set")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     build_server(
         ServerSettings(
