@@ -145,7 +145,8 @@ _PROBLEMS = {
     ErrorCode.LEASE_TOO_SHORT: _Problem(
         409,
         "Lease too short for the upstream timeout",
-        "the lease would expire before the upstream timeout ends: renew first",
+        "the lease would expire before the upstream timeout ends: renew first (`needed_s`: "
+        "the timeout, `remaining_s`: what was left)",
     ),
     ErrorCode.CONFLICTING_EVIDENCE: _Problem(
         409,
