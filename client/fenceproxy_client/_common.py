@@ -33,7 +33,18 @@ PROBLEM_TYPE_BASE = "https://fenceproxy.dev/problems/"
 RETRIED_WHEN_WAITING = frozenset({"lease_held", "resource_blocked", "rate_limited"})
 # Renewal refusals that mean the lease is gone for good; any other refusal (a store
 # that did not answer, an overloaded proxy) is tried again while the lease lasts.
-LEASE_GONE = frozenset({"stale_epoch", "lease_expired", "invalid_token", "wrong_resource"})
+# forbidden / forbidden_resource on a renew: the lease's client was removed from the
+# proxy's auth: or no longer covers the resource; renewing will not work again.
+LEASE_GONE = frozenset(
+    {
+        "stale_epoch",
+        "lease_expired",
+        "invalid_token",
+        "wrong_resource",
+        "forbidden",
+        "forbidden_resource",
+    }
+)
 # What an effect in doubt ends as (NOT_SENT is settled too, though never from UNKNOWN).
 SETTLED_STATES = frozenset({"COMMITTED", "NOT_COMMITTED", "NOT_SENT"})
 

@@ -362,3 +362,21 @@ def test_the_client_key_goes_on_lease_calls_and_reads_never_on_a_fenced_request(
         "/_fence/v1/effects/eff-1": "Bearer key-1",
         "/_fence/v1/leases/release": "Bearer key-1",
     }
+
+
+@pytest.mark.parametrize(("code", "status"), [("forbidden", 403), ("forbidden_resource", 403)])
+def test_a_renewal_refused_for_the_clients_standing_loses_the_lease(code: str, status: int) -> None:
+    # The client was removed from auth: or its globs narrowed: renewing will never work
+    # again, so the lease is lost now (not retried every half second until it expires).
+    def answers(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/renew"):
+            return problem_response(code, status)
+        return granted()
+
+    lost: list[str] = []
+    lease = client_answering(answers).acquire("rule:r1", "w", on_lost=lambda: lost.append("lost"))
+    with pytest.raises(errors.FenceError):
+        lease.renew()
+    with pytest.raises(errors.LeaseLost):
+        lease.check()
+    assert len(lost) == 1
