@@ -16,23 +16,12 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-# RFC 9110 section 7.6.1, plus headers the client library sets itself for
-# the body it actually sends.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
+from proxy.forwarding import HOP_BY_HOP, connection_tokens
+
+# The hop-by-hop list is the proxy's own (RFC 9110 section 7.6.1), so the baseline
+# drops what fenceproxy drops; plus the framing the client library sets itself for the
+# body it actually sends.
+DROPPED = HOP_BY_HOP | {"host", "content-length"}
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=5, connect=1)
 
 UPSTREAM_URL = web.AppKey("upstream_url", str)
@@ -41,15 +30,9 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 def end_to_end_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """The headers without hop-by-hop ones, including any the Connection header names."""
-    named_by_connection = {
-        token.strip().lower()
-        for value in headers.getall("Connection", [])
-        for token in value.split(",")
-    }
+    dropped = DROPPED | connection_tokens(headers)
     return CIMultiDict(
-        (name, value)
-        for name, value in headers.items()
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named_by_connection
+        (name, value) for name, value in headers.items() if name.lower() not in dropped
     )
 
 
