@@ -34,6 +34,7 @@ from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from proxy.runtime import RUNTIME
+from proxy.terminal import printable
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, open_store
 from store.files import backup_sqlite, schema_versions
@@ -75,10 +76,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except OperationRefused as refused:
         # The admin API's problem+json says the same: its detail and its code.
-        print(f"fenceproxy: {refused.detail} ({refused.code})", file=sys.stderr)
+        print(f"fenceproxy: {printable(refused.detail)} ({refused.code})", file=sys.stderr)
         sys.exit(1)
     except (CommandError, StoreError) as exc:
-        print(f"fenceproxy: {exc}", file=sys.stderr)
+        print(f"fenceproxy: {printable(str(exc))}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -406,9 +407,11 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+    # Cells hold stored strings (paths, reasons, names sent by anyone): escaped.
+    shown = [[printable(str(cell)) for cell in row] for row in [header, *rows]]
+    widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
+    for row in shown:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
 def _when(timestamp: float | None) -> str:
@@ -524,7 +527,7 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         "probes",
         "last result",
     ]
-    print(f"blocked resources: {', '.join(report.blocked_resources) or 'none'}")
+    print(f"blocked resources: {printable(', '.join(report.blocked_resources)) or 'none'}")
     _print(args, report.as_json(), rows, header)
     return 0
 
@@ -596,7 +599,11 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, status.as_json(), [], [])
         return 0 if status.store_answers else 1
-    answers = "answers" if status.store_answers else f"does not answer: {status.store_problem}"
+    answers = (
+        "answers"
+        if status.store_answers
+        else f"does not answer: {printable(str(status.store_problem))}"
+    )
     print(f"store: {status.backend}, {answers}")
     if not status.store_answers:
         return 1
@@ -691,7 +698,7 @@ CHART_WIDTH = 40
 def _print_advice(advice: Advice) -> None:
     for group in advice.groups:
         data = group.as_json()
-        print(f"{group.resource}: {group.stats.turns} measured turn(s)")
+        print(f"{printable(group.resource)}: {group.stats.turns} measured turn(s)")
         rows = [["turns", str(group.stats.turns)]]
         turn_s = data["turn_s"]
         if isinstance(turn_s, dict):
@@ -732,7 +739,7 @@ def _print_advice(advice: Advice) -> None:
                 bar = "#" * round(share * CHART_WIDTH)
                 print(f"  {lease:>{width}g} s |{bar:<{CHART_WIDTH}}| {share * 100:5.1f}%")
         for warning in group.warnings:
-            print(f"  warning: {warning}")
+            print(f"  warning: {printable(warning)}")
         print(f"  => {recommendation(group)}")
         print()
     if advice.routes:
@@ -750,7 +757,7 @@ def _print_advice(advice: Advice) -> None:
             )
         _table(rows, ["route", "requests", "p50_s", "p99_s", "max_s", "timeout_s", "check"])
     for problem in advice.problems:
-        print(f"problem: {problem}")
+        print(f"problem: {printable(problem)}")
 
 
 def _seconds_text(value: object) -> str:
@@ -758,7 +765,9 @@ def _seconds_text(value: object) -> str:
 
 
 def _table(rows: list[list[str]], header: list[str], indent: str = "") -> None:
-    shown = [header, *rows] if any(header) else rows
+    shown = [
+        [printable(cell) for cell in row] for row in ([header, *rows] if any(header) else rows)
+    ]
     widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
     for row in shown:
         line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
