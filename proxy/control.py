@@ -17,7 +17,14 @@ from proxy import auth, openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
-from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
+from proxy.requests import (
+    defer_continue,
+    holder_name,
+    json_object,
+    refuse_unissued_token_before_inviting,
+    single_header,
+    ttl,
+)
 from proxy.runtime import Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
@@ -140,6 +147,7 @@ async def _refuse_acquire(
 async def renew(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
+    await refuse_unissued_token_before_inviting(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
     result = await runtime.store.renew(token_hash(token), seconds)
@@ -153,6 +161,7 @@ async def renew(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
+    await refuse_unissued_token_before_inviting(request, token, runtime.store)
     await json_object(request, set())
     result = await runtime.store.release(token_hash(token))
     if isinstance(result, Refusal):

@@ -13,6 +13,8 @@ from aiohttp import hdrs, web
 from core.codes import ErrorCode
 from policies import HOLDER_RE, LeaseBounds
 from proxy.problems import ProblemError
+from proxy.tokens import token_hash
+from store import Store
 
 MAX_CONTROL_BODY = 65536
 MAX_HEADER_VALUE = 8192
@@ -72,6 +74,23 @@ async def defer_continue(request: web.Request) -> None:
         raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers[hdrs.EXPECT]}")
 
 
+def expects_continue(request: web.Request) -> bool:
+    """The client waits for 100 Continue before sending its body (`read_body` sends it)."""
+    return request.headers.get(hdrs.EXPECT, "").lower() == "100-continue"
+
+
+async def refuse_unissued_token_before_inviting(
+    request: web.Request, token: str, store: Store
+) -> None:
+    """With `Expect: 100-continue`, the token is looked up before the body is invited:
+    one never issued here is refused then (403 invalid_token), so that anyone with a
+    well-formed string cannot make the proxy wait for an upload it will refuse. Without
+    it, the body is on its way anyway and the store's own decision refuses the token:
+    the hot path pays no extra read."""
+    if expects_continue(request) and await store.lease_of_token(token_hash(token)) is None:
+        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, refusing before reading more than `limit` bytes, or once the
     body has taken longer than the body timeout: a client that promises bytes and
@@ -84,7 +103,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             f"the body is {declared} bytes; the limit is {limit}",
             limit=limit,
         )
-    if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+    if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
     try:
