@@ -332,8 +332,10 @@ async def list_in_doubt(request: web.Request) -> web.Response:
 
 
 async def guarded_metrics(request: web.Request) -> web.Response:
-    """Metrics on the main listener: open without `auth:`, `read` with it."""
-    auth.guard(request, Right.READ)
+    """Metrics on the main listener: open without `auth:`; with it, `read` on every
+    resource (`*`): the counts span all resources (leases, refusals, effects by route),
+    and a reader scoped to some would learn of the others' traffic."""
+    auth.check_scope(auth.guard(request, Right.READ), None)
     return await metrics(request)
 
 
@@ -397,7 +399,9 @@ def this_instance(runtime: Runtime) -> operations.ThisInstance:
 async def service_status(request: web.Request) -> web.Response:
     """This instance, the store and whether it answers, the replicas seen lately: what
     `fenceproxy status` prints, from the same operation. A store that does not answer
-    is part of the answer (200), not a refusal."""
+    is part of the answer (200), not a refusal. Any reader may ask, whatever its
+    globs: nothing here is about a resource (anything that is must be filtered by
+    scope, as the listings are, or need `*`, as the metrics do)."""
     auth.require(request, Right.READ)
     runtime = runtime_of(request)
     status = await operations.service_status(

@@ -721,7 +721,8 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
             },
             "/_fence/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (here unless `metrics_listen` moves them)",
+                    "summary": "Prometheus metrics (here unless `metrics_listen` moves them); "
+                    "with `auth:`, `read` on every resource (`*`): the counts span them all",
                     "security": _OPEN_OR_CLIENT,
                     "responses": _responses(
                         {
@@ -730,7 +731,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "content": {"text/plain": {"schema": {"type": "string"}}},
                             }
                         },
-                        _GUARDED,
+                        _SCOPED,
                     ),
                 }
             },
