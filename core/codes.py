@@ -47,6 +47,7 @@ class ErrorCode(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     REQUEST_TIMEOUT = "request_timeout"
     OVERLOADED = "overloaded"
+    EXPECTATION_FAILED = "expectation_failed"
 
     @property
     def status(self) -> int:
@@ -206,5 +207,10 @@ _PROBLEMS = {
         504,
         "Outcome unknown",
         "sent, outcome unknown; effect `UNKNOWN`, resource now blocked",
+    ),
+    ErrorCode.EXPECTATION_FAILED: _Problem(
+        417,
+        "Expectation not supported",
+        "an `Expect` header other than `100-continue`; nothing was read or forwarded",
     ),
 }

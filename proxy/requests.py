@@ -12,7 +12,7 @@ from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from policies import HOLDER_RE, LeaseBounds
-from proxy.problems import ProblemError
+from proxy.problems import ProblemError, problem
 from proxy.tokens import token_hash
 from store import Store
 
@@ -66,12 +66,17 @@ def idempotency_key(request: web.Request) -> str | None:
     return key
 
 
-async def defer_continue(request: web.Request) -> None:
+async def defer_continue(request: web.Request) -> web.Response | None:
     """The proxied routes' Expect handler: aiohttp's own answers 100 Continue before
     the handler runs, which invites the body before the token, key and size checks
-    that need none. `read_body` sends it instead, once those have passed."""
-    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers[hdrs.EXPECT]}")
+    that need none. `read_body` sends it instead, once those have passed. Any other
+    expectation is answered here (417), before the handler and its middlewares."""
+    if not expects_continue(request):
+        return problem(
+            ErrorCode.EXPECTATION_FAILED,
+            f"unknown Expect: {request.headers[hdrs.EXPECT]} (only 100-continue is supported)",
+        )
+    return None
 
 
 def expects_continue(request: web.Request) -> bool:

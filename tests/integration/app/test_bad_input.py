@@ -453,3 +453,23 @@ async def test_a_wrong_method_on_a_control_path_names_the_allowed_ones(fence: Fe
     effect = await fence.client.delete("/_fence/v1/effects/eff_x/probe", headers=fence.admin)
     await assert_problem(effect, 405, "method_not_allowed")
     assert effect.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/orders/widget"),  # a proxied route
+        ("POST", "/_fence/v1/leases"),  # a control POST
+        ("GET", "/_fence/v1/effects"),  # a control GET (aiohttp's own Expect handler)
+        ("GET", "/_fence/v1/nothing-here"),  # no route at all
+        ("GET", "/_fence/ui/"),
+    ],
+)
+async def test_an_expectation_the_proxy_cannot_meet_is_a_problem_document(
+    fence: Fence, method: str, path: str
+) -> None:
+    response = await fence.client.request(
+        method, path, headers={"Expect": "x-teapot", **fence.admin}, data=b"{}"
+    )
+    problem = await assert_problem(response, 417, "expectation_failed")
+    assert "x-teapot" in problem["detail"]
