@@ -9,9 +9,11 @@ import asyncio
 import re
 import time
 
+import pytest
+
 from core.codes import ErrorCode
 from proxy import operations
-from proxy.ui import CONTENT_SECURITY_POLICY
+from proxy.ui import CONTENT_SECURITY_POLICY, STATIC, STATIC_FILES
 from store import Store
 from tests.integration.app.conftest import (
     Fence,
@@ -234,3 +236,24 @@ async def test_with_auth_a_clients_key_reads_as_the_admin_token_does(
     assert scoped["live"] == []
     html = await (await fence.client.get(PAGE)).text()
     assert "A client&#39;s key (read; operate for actions) or the admin token" in html
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/_fence/ui/static/",  # the folder itself (aiohttp's static route said 403)
+        "/_fence/ui/static",
+        "/_fence/ui/static/nothing.js",
+        "/_fence/ui/static/%2e%2e/templates/status.html",
+        "/_fence/ui/static/status.js/",
+    ],
+)
+async def test_only_the_page_s_own_files_are_served(fence: Fence, path: str) -> None:
+    response = await fence.client.get(path)
+    await assert_problem(response, 404, ErrorCode.NO_ROUTE.value)
+
+
+def test_the_served_files_are_exactly_the_static_folder() -> None:
+    """The fixed list cannot forget a file the page needs, nor name one not there."""
+    on_disk = {path.name for path in STATIC.iterdir() if path.is_file()}
+    assert set(STATIC_FILES) == on_disk
