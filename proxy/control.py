@@ -113,7 +113,7 @@ async def acquire(request: web.Request) -> web.Response:
     resource = operations.resource_name(data.get("resource"))
     auth.check_scope(client, resource)
     holder = holder_name(data.get("holder"))
-    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    seconds = ttl(data, runtime.policy.leases)
     refusal = over_acquire_rate(runtime, quota_subject(request, holder), resource)
     if refusal is not None:
         return await _refuse_acquire(request, refusal, resource, holder)
@@ -149,7 +149,7 @@ async def renew(request: web.Request) -> web.Response:
     token = _presented_token(request)
     await refuse_unissued_token_before_inviting(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
-    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    seconds = ttl(data, runtime.policy.leases)
     result = await runtime.store.renew(token_hash(token), seconds)
     if isinstance(result, Refusal):
         await _record(request, result)

@@ -380,7 +380,8 @@ def _ttl(leases: LeaseBounds | None) -> dict[str, Any]:
         "minimum": leases.min_ttl_s,
         "maximum": leases.max_ttl_s,
         "default": leases.default_ttl_s,
-        "description": "seconds, within the policy's `leases` bounds",
+        "description": "seconds, within the policy's `leases` bounds; absent: the "
+        "default (`null` is refused)",
     }
 
 

@@ -169,9 +169,12 @@ def holder_name(value: Any) -> str:
     return value
 
 
-def ttl(value: Any, bounds: LeaseBounds) -> float:
-    if value is None:
+def ttl(data: dict[str, Any], bounds: LeaseBounds) -> float:
+    """The body's `ttl_s`: the policy's default when the field is absent. `null` is
+    refused, not read as absent: a client that sends it meant some number."""
+    if "ttl_s" not in data:
         return bounds.default_ttl_s
+    value = data["ttl_s"]
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise ProblemError(ErrorCode.INVALID_REQUEST, "ttl_s must be a number of seconds")
     if not bounds.min_ttl_s <= value <= bounds.max_ttl_s:

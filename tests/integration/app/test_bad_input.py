@@ -135,6 +135,8 @@ CASES = [
             ("true", True),
             ("false", False),
             ("object", {"s": 5}),
+            # Absent means the default; null is not absent (a client's bug, not a choice).
+            ("null", None),
         ]
     ],
     *[
@@ -158,6 +160,15 @@ CASES = [
         "invalid_request",
         (*JSON_CT, TOK),
         b'{"ttl_s": 3600}',
+    ),
+    Case(
+        "renew-ttl-null",
+        "POST",
+        "/_fence/v1/leases/renew",
+        400,
+        "invalid_request",
+        (*JSON_CT, TOK),
+        b'{"ttl_s": null}',
     ),
     # tokens on a fenced write
     order_case("write-no-token", 401, "missing_token", KEY),
