@@ -164,7 +164,7 @@ _LEASE_ADVICE_PARAMETERS = [
     ),
     _query(
         "leases",
-        "lease lengths (seconds, more than 0) of the false-expiry curve, comma-separated "
+        "lease lengths (seconds, 0 or more) of the false-expiry curve, comma-separated "
         "(default: a round grid up to the longest turn)",
         _comma_list(MAX_GRID_POINTS),
     ),

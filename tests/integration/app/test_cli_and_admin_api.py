@@ -195,7 +195,7 @@ SAME: dict[str, Same] = {
             ("poll_interval", "-1"),
             ("targets", "0.5,1.5"),
             ("targets", "0.5,,0.1"),
-            ("leases", "0,1"),
+            ("leases", "0,1e9"),
             ("leases", "inf"),
             ("resource", "a b"),
         )
