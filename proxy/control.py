@@ -313,6 +313,11 @@ def _operator(client: AuthClient, named: object) -> object:
     names the operator (required, as the CLI's --operator); a client is its own name,
     followed by the person it names, if any."""
     if client is auth.ADMIN:
+        if named is None:
+            raise ProblemError(
+                ErrorCode.INVALID_REQUEST,
+                "operator is required with the admin token: it is shared, so name who decides",
+            )
         return named
     if named is None:
         return client.name

@@ -357,7 +357,9 @@ def _responses(success: dict[str, dict[str, Any]], *codes: Iterable[ErrorCode]) 
     return responses
 
 
-def _body(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
+def _body(
+    properties: dict[str, Any], required: Iterable[str] = (), description: str | None = None
+) -> dict[str, Any]:
     """A JSON object body; unknown fields are refused (`invalid_request`)."""
     schema: dict[str, Any] = {
         "type": "object",
@@ -366,10 +368,13 @@ def _body(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str,
     }
     if required:
         schema["required"] = list(required)
-    return {
+    body: dict[str, Any] = {
         "required": bool(required),
         "content": {"application/json": {"schema": schema}},
     }
+    if description is not None:
+        body["description"] = description
+    return body
 
 
 def _ttl(leases: LeaseBounds | None) -> dict[str, Any]:
@@ -696,6 +701,10 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                             },
                         },
                         required=["outcome", "reason"],
+                        description="`operator` is required with the admin token (shared by "
+                        "whoever holds it, so the caller names who decides; `400 "
+                        "invalid_request` without); with a client's key it is optional, the "
+                        "decision being recorded as the client's name (then `/operator`)",
                     ),
                     "responses": _responses(
                         {"200": _json(_ref("Effect"), "the settled effect")},

@@ -341,7 +341,11 @@ async def test_the_admin_token_still_names_its_operator(guarded: Fence) -> None:
         json={"outcome": "committed", "reason": "seen"},
         headers=guarded.admin,
     )
-    await assert_problem(unnamed, 400, "invalid_request")
+    problem = await assert_problem(unnamed, 400, "invalid_request")
+    # Said as the rule it is (the schema's and README's), not as a type error.
+    assert problem["detail"] == (
+        "operator is required with the admin token: it is shared, so name who decides"
+    )
     named = await guarded.client.post(
         f"/_fence/v1/effects/{effect_id}/resolve",
         json={"outcome": "committed", "reason": "seen", "operator": "bob"},
