@@ -29,7 +29,13 @@ from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
 from proxy import operations
 from proxy.app import build_app, default_instance_id, new_instance_id
-from proxy.auth import KeyProblem, exposure_warning, missing_keys
+from proxy.auth import (
+    KeyProblem,
+    blank_admin_token_warnings,
+    env_secret,
+    exposure_warning,
+    missing_keys,
+)
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
@@ -290,9 +296,9 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port if args.port is not None else policy.listen.port,
     )
     policy = dataclasses.replace(policy, listen=listen)
-    admin_token = os.environ.get(policy.admin_token_env) if policy.admin_token_env else None
+    admin_token = env_secret(os.environ, policy.admin_token_env) if policy.admin_token_env else None
     next_env = policy.admin_token_next_env
-    admin_token_next = os.environ.get(next_env) if next_env else None
+    admin_token_next = env_secret(os.environ, next_env) if next_env else None
     logging.basicConfig(
         level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -315,9 +321,9 @@ def _serve(args: argparse.Namespace) -> int:
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen
         _check_free(metrics.host, metrics.port, "metrics_listen.port")
-    warning = exposure_warning(policy)
-    if warning is not None:
-        print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
+    for warning in [exposure_warning(policy), *blank_admin_token_warnings(policy, os.environ)]:
+        if warning is not None:
+            print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
     admin_tokens = sum(bool(token) for token in (admin_token, admin_token_next))
     clients = len(policy.auth.clients) if policy.auth is not None else 0
     tls = policy.listen.tls
