@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from core.lifecycle import Event
+from proxy.logredact import MALFORMED_LINES
 from proxy.runtime import RUNTIME
 from tests.integration.app.conftest import (
     PROBE_BY_KEY,
@@ -257,3 +258,17 @@ async def test_a_forged_token_is_refused_before_the_body_is_invited(
     answer = await first_answer_head(fence, head)
     assert answer.startswith(b"HTTP/1.1 403"), answer
     assert b"application/problem+json" in answer
+
+
+async def test_a_flood_of_malformed_requests_is_logged_at_a_bounded_rate(
+    fence: Fence, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone can send junk: one ERROR line each would let them fill the disk and bury
+    the lines that matter."""
+    head = b"GET /_fence/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nNot A Header\r\n\r\n"
+    with caplog.at_level(logging.INFO):
+        for _ in range(MALFORMED_LINES + 5):
+            answer = await raw_request(fence, head)
+            assert b" 400 " in answer.split(b"\r\n", 1)[0], answer
+    logged = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(logged) == MALFORMED_LINES, [r.getMessage() for r in logged]
