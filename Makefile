@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench mutate simulate clean
+.PHONY: run test lint bench mutate simulate clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' -e ./client
+	$(PY) -c 'import site, sys; open(site.getsitepackages()[0] + "/fenceproxy-checkout.pth", "w").write(sys.argv[1] + "\n")' $(CURDIR)
 	touch $(STAMP)
 
 # `make run PORT=8181 UPSTREAM_PORT=9101` (or PORT=... in the environment) moves the
@@ -56,5 +57,16 @@ simulate: $(STAMP)
 		--steps $(SIM_STEPS) --seeds $$(( ($(STEPS) + 2 * $(SIM_STEPS) - 1) / (2 * $(SIM_STEPS)) )) \
 		--jobs $(SIM_JOBS)
 
+# The proxy's wheel (no demo, support or tests) into dist/; the worker client is its
+# own distribution: `$(PY) -m build --wheel client`.
+wheel: $(STAMP)
+	$(PY) -m build --wheel --outdir dist .
+	rm -rf build  # setuptools' leftovers: a copy of the packages, not a source folder
+
+# The proxy's OCI image, built without pulling from any registry (devtools/image.py):
+# needs mmdebstrap and podman (apt-get install mmdebstrap podman) and root.
+image: wheel
+	$(PY) -m devtools.image
+
 clean:
-	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) state dist build .pytest_cache .mypy_cache .ruff_cache

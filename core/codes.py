@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     INTERNAL_ERROR = "internal_error"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_ANSWER_TOO_LARGE = "upstream_answer_too_large"
     STORE_UNAVAILABLE = "store_unavailable"
     OUTCOME_UNKNOWN = "outcome_unknown"
     REQUEST_TIMEOUT = "request_timeout"
@@ -98,13 +99,15 @@ _PROBLEMS = {
     ErrorCode.FORBIDDEN: _Problem(
         403,
         "Right not granted",
-        "with `auth:`, the client's `may` does not include what the call needs",
+        "with `auth:`, the client's `may` does not include what the call needs; on renew "
+        "or a fenced write, the lease's client is no longer configured (or the lease was "
+        "taken without `auth:`)",
     ),
     ErrorCode.FORBIDDEN_RESOURCE: _Problem(
         403,
         "Resource outside the client's scope",
         "with `auth:`, the resource (or the effect's) matches none of the client's "
-        "`resources` globs",
+        "`resources` globs (on renew or a fenced write: the globs configured now)",
     ),
     ErrorCode.WRONG_RESOURCE: _Problem(
         403, "Token guards another resource", "the token's lease guards another resource"
@@ -190,6 +193,13 @@ _PROBLEMS = {
     ErrorCode.UPSTREAM_UNREACHABLE: _Problem(
         502, "Upstream unreachable", "nothing was sent; effect `NOT_SENT`"
     ),
+    ErrorCode.UPSTREAM_ANSWER_TOO_LARGE: _Problem(
+        502,
+        "Upstream answer too large",
+        "a fenced write's answer was over 16 MiB: the effect is recorded by its status "
+        "(`upstream_status`; committed: the write was applied), the answer was neither "
+        "passed on nor kept and cannot be replayed",
+    ),
     ErrorCode.STORE_UNAVAILABLE: _Problem(
         503,
         "Store unavailable",
@@ -206,7 +216,8 @@ _PROBLEMS = {
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,
         "Outcome unknown",
-        "sent, outcome unknown; effect `UNKNOWN`, resource now blocked",
+        "sent, outcome unknown; effect `UNKNOWN`, resource now blocked; on a pass-through "
+        "route, sent and no complete answer (no effect is recorded there)",
     ),
     ErrorCode.EXPECTATION_FAILED: _Problem(
         417,

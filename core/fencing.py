@@ -7,6 +7,7 @@ drift apart. Nothing here performs I/O or reads a clock; `now` is passed in.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.lifecycle import BLOCKING
@@ -18,6 +19,12 @@ from core.records import (
     Refusal,
     ResourceState,
 )
+from policies import AuthClient, Right
+
+# The clients configured now, by name (the policy's `auth:` clients and, when an admin
+# token is set, the admin's); None without `auth:`, where the lease API is open to all.
+Clients = Mapping[str, AuthClient] | None
+NO_AUTH: Clients = None
 
 
 @dataclass(frozen=True)
@@ -119,10 +126,56 @@ def check_lease(
     return None
 
 
+def check_standing(lease: LeaseRecord, clients: Clients) -> Refusal | None:
+    """May the client that took `lease` still hold it, by the configuration in force now?
+
+    A lease outlives the configuration it was granted under (a restart, a client
+    removed from `auth:`, its `resources` narrowed): its token alone must not keep
+    renewing and writing for a client the operator has cut off. Only renew and
+    admission ask; release does not, letting go is always safe.
+    """
+    if clients is None:
+        return None
+    context = {"resource": lease.resource, "epoch": lease.epoch, "client": lease.client}
+    if lease.client is None:
+        return Refusal(
+            "forbidden",
+            f"the lease at epoch {lease.epoch} was taken without a client key, and the "
+            "proxy now has an auth: block; release it and acquire with a client's key",
+            context,
+        )
+    client = clients.get(lease.client)
+    if client is None:
+        return Refusal(
+            "forbidden",
+            f"client {lease.client!r}, which took the lease at epoch {lease.epoch}, is no "
+            "longer configured (auth.clients)",
+            context,
+        )
+    if not client.holds(Right.LEASE):
+        return Refusal(
+            "forbidden",
+            f"client {lease.client!r} may no longer lease (auth.clients[].may)",
+            context,
+        )
+    if not client.covers(lease.resource):
+        return Refusal(
+            "forbidden_resource",
+            f"client {lease.client!r} may no longer act on {lease.resource}: it matches "
+            "none of its resources globs now",
+            context,
+        )
+    return None
+
+
 def decide_renew(
-    lease: LeaseRecord | None, state: ResourceState | None, now: float
+    lease: LeaseRecord | None, state: ResourceState | None, now: float, clients: Clients
 ) -> Refusal | None:
-    return check_lease(lease, state, now)
+    refusal = check_lease(lease, state, now)
+    if refusal is not None:
+        return refusal
+    assert lease is not None
+    return check_standing(lease, clients)
 
 
 def decide_release(
@@ -141,6 +194,7 @@ def decide_admission(
     state: ResourceState | None,
     existing: IdempotencyRecord | None,
     now: float,
+    clients: Clients,
 ) -> Admit | Replay | Refusal:
     """The order of checks is the contract's; each step refuses before the next is read."""
     if lease is not None and lease.resource != request.resource:
@@ -153,6 +207,10 @@ def decide_admission(
     if refusal is not None:
         return refusal
     assert lease is not None and state is not None
+    # Before the key's record: a client cut off is not replayed its old answers either.
+    refusal = check_standing(lease, clients)
+    if refusal is not None:
+        return refusal
     resends: tuple[str, ...] = ()
     blocking = state.blocking(lease.epoch)
     if blocking:

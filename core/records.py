@@ -101,6 +101,11 @@ class StoredResponse:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    # The reason phrase as the upstream sent it (None: the status's standard one).
+    reason: str | None = None
+    # False: the body was over the replay limit and is not kept (`body` is empty);
+    # a replay states that, rather than serve a body that is not the answer.
+    body_kept: bool = True
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ DEFAULT_PORT = 8080
 DEFAULT_UPSTREAM_PORT = 9001
 EXAMPLE_UPSTREAM_URL = f"http://127.0.0.1:{DEFAULT_UPSTREAM_PORT}"
 EXAMPLE_STORE = "sqlite:///state/fenceproxy.db"
+EXAMPLE_LISTEN = f"listen: {{host: 127.0.0.1, port: {DEFAULT_PORT}}}"
 DEMO_ADMIN_TOKEN = "demo-admin-token"
 STARTUP_TIMEOUT_S = 20.0
 CHILD_CHECK_INTERVAL_S = 0.2
@@ -95,8 +96,8 @@ def _busy(port: int) -> bool:
     return False
 
 
-def _config_for(upstream_port: int, state_dir: Path) -> Path:
-    """config/example.yaml as run: the chosen upstream port, the store in `state_dir`.
+def write_config(port: int, upstream_port: int, state_dir: Path) -> Path:
+    """config/example.yaml as run: the chosen ports, the store in `state_dir`.
 
     Written to `state_dir`/fenceproxy.yaml, so that the CLI reads the same store and
     probes the same upstream as the proxy (`--config state/fenceproxy.yaml`).
@@ -105,6 +106,7 @@ def _config_for(upstream_port: int, state_dir: Path) -> Path:
     for example, chosen in (
         (EXAMPLE_UPSTREAM_URL, f"http://127.0.0.1:{upstream_port}"),
         (EXAMPLE_STORE, f"sqlite:///{state_dir.resolve() / 'fenceproxy.db'}"),
+        (EXAMPLE_LISTEN, f"listen: {{host: 127.0.0.1, port: {port}}}"),
     ):
         if text.count(example) != 1:
             raise RuntimeError(f"{EXAMPLE_CONFIG} no longer has {example} exactly once")
@@ -130,7 +132,7 @@ def main() -> int:
             return 1
     state_dir: Path = args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
-    config = _config_for(args.upstream_port, state_dir)
+    config = write_config(args.port, args.upstream_port, state_dir)
     proxy_env = dict(os.environ)
     # Never echo a token the user chose; only the well-known demo one.
     admin_token_hint = (

@@ -700,6 +700,14 @@ def _parse_route(
                         f"{{{missing}}} is not a parameter of path {path.raw!r} "
                         f"(parameters: {', '.join(path.params) or 'none'})",
                     )
+            unseparated = resource.unseparated()
+            if unseparated is not None:
+                first, second = unseparated
+                problems.add(
+                    spec.children["resource"],
+                    f"{{{first}}} and {{{second}}} have no separator between them, so two "
+                    "paths could render one resource; put one of . _ : @ / + = - between them",
+                )
             sample = resource.render({n: "x" for n in resource.names})
             if not RESOURCE_RE.match(sample):
                 problems.add(

@@ -3,6 +3,7 @@ string templates rendered from their parameters (`supplier:{sku}`)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -138,6 +139,10 @@ def _param_regex(name: str, kind: str) -> str:
     return kind
 
 
+def _separators_in(literal: str) -> set[str]:
+    return {char for char in literal if not (char.isascii() and char.isalnum())}
+
+
 def _reject_stray_braces(literal: str) -> None:
     if "{" in literal or "}" in literal:
         raise TemplateError("unbalanced '{' or '}'")
@@ -149,20 +154,56 @@ class StringTemplate:
 
     raw: str
     names: tuple[str, ...]
+    # The literal text before, between and after the slots (one more than `names`).
+    literals: tuple[str, ...]
 
     @classmethod
     def parse(cls, raw: str) -> StringTemplate:
         names = []
+        literals = []
         position = 0
         for placeholder in _PLACEHOLDER.finditer(raw):
-            _reject_stray_braces(raw[position : placeholder.start()])
+            literal = raw[position : placeholder.start()]
+            _reject_stray_braces(literal)
             name = placeholder.group(1)
             if not _NAME.match(name):
                 raise TemplateError(f"placeholder {{{name}}} is not a parameter name")
             names.append(name)
+            literals.append(literal)
             position = placeholder.end()
         _reject_stray_braces(raw[position:])
-        return cls(raw, tuple(names))
+        literals.append(raw[position:])
+        return cls(raw, tuple(names), tuple(literals))
+
+    @functools.cached_property
+    def separators(self) -> dict[str, str]:
+        """Per parameter, the characters its value may not hold: the separators (every
+        character but ASCII letters and digits) of the literal text on either side of
+        it. A value holding one could pass for the template's own structure
+        (`tenant:{t}:order:{id}` with t=`acme:evil`), so that two sets of values render
+        one name and a glob like `tenant:acme:*` covers another tenant's parameter."""
+        found: dict[str, set[str]] = {}
+        for index, name in enumerate(self.names):
+            around = self.literals[index] + self.literals[index + 1]
+            found.setdefault(name, set()).update(_separators_in(around))
+        return {name: "".join(sorted(chars)) for name, chars in found.items()}
+
+    def unseparated(self) -> tuple[str, str] | None:
+        """The first two parameters with no separator between them (`{a}{b}`, `{a}x{b}`):
+        no character refused in their values can tell where one ends and the next
+        begins."""
+        for index in range(1, len(self.names)):
+            if not _separators_in(self.literals[index]):
+                return self.names[index - 1], self.names[index]
+        return None
+
+    def refused_value(self, values: dict[str, str]) -> tuple[str, str] | None:
+        """(parameter, character) for the first value holding one of its separators."""
+        for name, refused in self.separators.items():
+            held = next((char for char in values[name] if char in refused), None)
+            if held is not None:
+                return name, held
+        return None
 
     def render(self, values: dict[str, str], url_quote: bool = False) -> str:
         def fill(placeholder: re.Match[str]) -> str:

@@ -24,6 +24,7 @@ from proxy.logredact import redaction_ctx
 from proxy.problems import ProblemError, http_error_problem, problem
 from proxy.requests import (
     BODY_TIMEOUT,
+    check_header_encoding,
     check_header_sizes,
     check_target_size,
     defer_continue,
@@ -342,6 +343,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return exc.response()
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
+        # Counted, not recorded: the store is what does not answer.
+        runtime_of(request).metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
         return problem(
             ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
         )
@@ -394,6 +397,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         raise ProblemError(
             ErrorCode.INVALID_REQUEST, "the request target must be a path (origin-form, /...)"
         )
+    check_header_encoding(request.headers)
     stripped = forwarding.strips_meaningful_header(request.headers)
     if stripped is not None:
         raise ProblemError(
@@ -412,16 +416,18 @@ async def _pass_through(
     request: web.Request, match: RouteMatch, runtime: Runtime
 ) -> web.StreamResponse:
     route = match.route
-    body = await read_body(request, route.max_body_bytes)
+    body = forwarding.upstream_body(request, await read_body(request, route.max_body_bytes))
     assert runtime.pools is not None
+    response: web.StreamResponse | None = None
     try:
         async with runtime.pools.pass_through(route.upstream).request(
             request.method,
             forwarding.upstream_url(route.upstream, request),
-            headers=forwarding.upstream_headers(request, None),
+            headers=forwarding.upstream_headers(request, None, request.config_dict[CREDENTIALS]),
             data=body,
             timeout=forwarding.client_timeout(route.upstream),
             allow_redirects=False,
+            middlewares=forwarding.framing_middlewares(body),
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status,
@@ -435,9 +441,40 @@ async def _pass_through(
             runtime.metrics.count_request(route.name, "passed_through")
             return response
     except (aiohttp.ClientError, TimeoutError) as exc:
-        runtime.metrics.count_request(route.name, "upstream_unreachable")
+        if response is not None and response.prepared:
+            return _cut(request, response, route.name, runtime, exc)
+        if forwarding.sent_nothing(exc):
+            runtime.metrics.count_request(route.name, "upstream_unreachable")
+            return problem(
+                ErrorCode.UPSTREAM_UNREACHABLE,
+                f"could not connect to {route.upstream.name}: {exc}; nothing was sent",
+                route=route.name,
+            )
+        # The request may have reached the upstream (a pass-through route records no
+        # effect): say so, never "nothing was sent".
+        runtime.metrics.count_request(route.name, "no_answer")
         return problem(
-            ErrorCode.UPSTREAM_UNREACHABLE,
-            f"{route.upstream.name} did not answer: {exc}",
+            ErrorCode.OUTCOME_UNKNOWN,
+            f"the request was sent to {route.upstream.name}, which gave no complete answer "
+            f"({type(exc).__name__}: {exc}); it may have been applied (a pass-through route "
+            "records no effect)",
             route=route.name,
         )
+
+
+def _cut(
+    request: web.Request,
+    response: web.StreamResponse,
+    route: str,
+    runtime: Runtime,
+    exc: BaseException,
+) -> web.StreamResponse:
+    """The answer broke off after its head was passed on (the upstream's body was cut, or
+    the worker's connection went): break the worker's connection off, so that it sees a
+    cut, never a short body that looks whole (returning normally would end the chunked
+    body properly)."""
+    log.warning("the answer to %s %s was cut: %s", request.method, request.path, exc)
+    runtime.metrics.count_request(route, "cut")
+    if request.transport is not None:
+        request.transport.abort()
+    return response

@@ -13,6 +13,7 @@ position in the policy shows in the answer's timing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -23,6 +24,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from core.codes import ErrorCode
+from core.fencing import Clients
 from policies import AuthClient, Listen, Policy, Right
 from proxy.problems import ProblemError
 from proxy.requests import single_header
@@ -133,9 +135,28 @@ class Credentials:
                 found = client
         return found
 
+    def carried_by(self, authorization: str) -> bool:
+        """Whether an Authorization value presents one of these keys, as a bearer
+        credential or bare: then it is this proxy's credential, never the upstream's.
+        Both readings are compared, in constant time, whatever the first one found."""
+        value = authorization.strip()
+        scheme, _, rest = value.partition(" ")
+        readings = [value, rest.strip() if scheme.lower() == "bearer" else value]
+        return any([self.match(reading) is not None for reading in readings])
+
     @property
     def admin_api_on(self) -> bool:
         return bool(self.keys)
+
+    @functools.cached_property
+    def standing(self) -> Clients:
+        """The clients whose leases stand (core.fencing.check_standing): every client a
+        key or certificate names now; None without `auth:`."""
+        if not self.required:
+            return None
+        clients = {client.name: client for _, client in self.keys}
+        clients.update((client.name, client) for client in self.subjects.values())
+        return clients
 
 
 CREDENTIALS = web.AppKey("credentials", Credentials)

@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fenceproxy", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"fenceproxy {operations.proxy_version()}"
+    )
     commands = parser.add_subparsers(metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> Any:
@@ -133,10 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     leases = commands.add_parser("leases", help="read or revoke leases")
     lease_commands = leases.add_subparsers(metavar="ACTION", required=True)
     show = lease_commands.add_parser("show", help="a resource's lease, epoch and effects in doubt")
-    show.add_argument("resource")
+    show.add_argument("resource", help="the resource's name, as a route renders it")
     revoke = lease_commands.add_parser("revoke", help="advance a resource's epoch now")
-    revoke.add_argument("resource")
-    revoke.add_argument("--reason", required=True)
+    revoke.add_argument("resource", help="the resource's name, as a route renders it")
+    revoke.add_argument("--reason", required=True, help="why, kept with the revocation")
     for sub, run in ((show, _leases_show), (revoke, _leases_revoke)):
         _store_options(sub)
         sub.set_defaults(run=run)
@@ -144,13 +147,13 @@ def _parser() -> argparse.ArgumentParser:
     effects = commands.add_parser("effects", help="effect receipts")
     effect_commands = effects.add_subparsers(metavar="ACTION", required=True)
     listing = effect_commands.add_parser("list", help="recent effects, newest first")
-    listing.add_argument("--resource")
+    listing.add_argument("--resource", help="only this resource's effects")
     listing.add_argument("--state", help=f"one of {', '.join(EffectState)}")
     _limit_option(listing)
     one = effect_commands.add_parser("show", help="one effect")
-    one.add_argument("effect_id")
+    one.add_argument("effect_id", help="the Fence-Effect-Id of the answer")
     rejections = effect_commands.add_parser("rejections", help="refused requests, newest first")
-    rejections.add_argument("--resource")
+    rejections.add_argument("--resource", help="only this resource's refusals")
     _limit_option(rejections)
     for sub, run in ((listing, _effects_list), (one, _effects_show), (rejections, _rejections)):
         _store_options(sub)
@@ -162,14 +165,20 @@ def _parser() -> argparse.ArgumentParser:
         "list", help="blocked resources and effects in doubt, oldest first"
     )
     detail = reconcile_commands.add_parser("show", help="one effect and every decision about it")
-    detail.add_argument("effect_id")
+    detail.add_argument("effect_id", help="the Fence-Effect-Id of the answer")
     probe = reconcile_commands.add_parser("probe", help="run the route's probe now")
-    probe.add_argument("effect_id")
+    probe.add_argument("effect_id", help="the effect in doubt to probe")
     resolve = reconcile_commands.add_parser("resolve", help="record an operator's decision")
-    resolve.add_argument("effect_id")
-    resolve.add_argument("--outcome", required=True, help="committed or not-committed")
-    resolve.add_argument("--reason", required=True)
-    resolve.add_argument("--operator", default=_default_operator())
+    resolve.add_argument("effect_id", help="the effect in doubt to settle")
+    resolve.add_argument(
+        "--outcome",
+        required=True,
+        help="committed or not_committed (as the API spells it; not-committed is taken too)",
+    )
+    resolve.add_argument("--reason", required=True, help="the evidence, kept with the decision")
+    resolve.add_argument(
+        "--operator", default=_default_operator(), help="who decides (default: your login name)"
+    )
     for sub, run in (
         (in_doubt, _reconcile_list),
         (detail, _effects_show),
@@ -222,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     advice.add_argument("--targets", help="false-expiry rates to size for (default 0.5,0.1,0.05,0)")
     advice.add_argument("--leases", help="the curve's lease lengths (default: from the data)")
-    advice.add_argument("--json", action="store_true")
+    advice.add_argument("--json", action="store_true", help="print JSON for programs")
     status = command(
         "status",
         _status,
@@ -261,7 +270,11 @@ def _limit_option(sub: argparse.ArgumentParser) -> None:
 
 
 def _store_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--config", default=os.environ.get("FENCEPROXY_CONFIG"))
+    sub.add_argument(
+        "--config",
+        default=os.environ.get("FENCEPROXY_CONFIG"),
+        help="the policy file, for its store (default: $FENCEPROXY_CONFIG)",
+    )
     sub.add_argument("--json", action="store_true", help="print JSON for programs")
 
 
@@ -385,6 +398,10 @@ def _tls_summary(policy: Policy) -> str:
     return ", mutual TLS" if tls.client_ca is not None else ", TLS"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _check_config(args: argparse.Namespace) -> int:
     path = args.file or args.config
     if not path:
@@ -394,14 +411,35 @@ def _check_config(args: argparse.Namespace) -> int:
     policy = load_policy(path)
     fenced = sum(route.fenced for route in policy.routes)
     print(
-        f"{path}: ok ({len(policy.routes)} routes, {fenced} fenced, store {policy.store}"
+        f"{path}: ok ({_count(len(policy.routes), 'route')}, {fenced} fenced, store {policy.store}"
         f"{_tls_summary(policy)})"
     )
+    for line in _refused_characters(policy):
+        print(line)
     # Warnings, not errors: the file may be checked where the keys are not set.
     for warning in [exposure_warning(policy), *missing_keys(policy, os.environ)]:
         if warning is not None:
             print(f"fenceproxy: warning: {path}: {warning}", file=sys.stderr)
     return 0
+
+
+def _refused_characters(policy: Policy) -> list[str]:
+    """Per fenced route, what each path parameter may not hold (400 invalid_request):
+    the separators of its resource template (policies/templates.py)."""
+    lines = []
+    for route in policy.routes:
+        if not route.fenced or route.resource is None:
+            continue
+        refused = [
+            f"{{{name}}} may not contain {', '.join(repr(char) for char in chars)}"
+            for name, chars in route.resource.separators.items()
+            if chars
+        ]
+        lines.append(
+            f"  route {route.name}: resource {route.resource.raw!r}: "
+            + ("; ".join(refused) or "no character refused")
+        )
+    return lines
 
 
 def _metrics_note(policy: Policy) -> str:
@@ -414,10 +452,15 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
         print(json.dumps(data, indent=2, sort_keys=True))
         return
     # Cells hold stored strings (paths, reasons, names sent by anyone): escaped.
-    shown = [[printable(str(cell)) for cell in row] for row in [header, *rows]]
+    shown = [[printable(_cell(cell)) for cell in row] for row in [header, *rows]]
     widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
     for row in shown:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _cell(value: object) -> str:
+    """A table cell: an absent value is "-", as in every other column, never "None"."""
+    return "-" if value is None else str(value)
 
 
 def _when(timestamp: float | None) -> str:
@@ -433,7 +476,7 @@ def _leases_show(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            [str(data[key]) for key in ("epoch", "next_epoch", "holder", "client", "live")]
+            [_cell(data[key]) for key in ("epoch", "next_epoch", "holder", "client", "live")]
             + [str(data["blocked"]), _when(view.expires_at), ",".join(view.in_doubt) or "-"]
         ],
         ["epoch", "next_epoch", "holder", "client", "live", "blocked", "expires_at", "in_doubt"],
@@ -448,7 +491,7 @@ def _leases_revoke(args: argparse.Namespace) -> int:
         "revoked_epoch": revoked.revoked_epoch,
         "epoch": revoked.epoch,
     }
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 
@@ -482,7 +525,7 @@ def _effects_show(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, data, [], [])
         return 0
-    fields = [[key, str(value)] for key, value in history.effect.as_json().items()]
+    fields = [[key, _cell(value)] for key, value in history.effect.as_json().items()]
     _print(args, data, fields, ["field", "value"])
     if history.events:
         print()
@@ -552,7 +595,7 @@ def _reconcile_probe(args: argparse.Namespace) -> int:
         "detail": result.detail,
         "state": result.effect.state.value if result.effect else None,
     }
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 
@@ -659,7 +702,7 @@ def _store_backup(args: argparse.Namespace) -> int:
     target = Path(args.file)
     backup_sqlite(policy.store, target)
     data = {"store": policy.store, "backup": str(target), "bytes": target.stat().st_size}
-    _print(args, data, [[str(v) for v in data.values()]], list(data))
+    _print(args, data, [[_cell(v) for v in data.values()]], list(data))
     return 0
 
 

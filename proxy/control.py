@@ -150,7 +150,8 @@ async def renew(request: web.Request) -> web.Response:
     await refuse_unissued_token_before_inviting(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data, runtime.policy.leases)
-    result = await runtime.store.renew(token_hash(token), seconds)
+    standing = request.config_dict[auth.CREDENTIALS].standing
+    result = await runtime.store.renew(token_hash(token), seconds, standing)
     if isinstance(result, Refusal):
         await _record(request, result)
         return refusal_response(result)

@@ -23,6 +23,7 @@ from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, RouteMatch
 from proxy import forwarding
+from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
 from proxy.requests import (
     fingerprint,
@@ -47,6 +48,18 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not have empty, '.' or '..' segments",
             route=route.name,
+        )
+    refused = route.resource.refused_value(match.params)
+    if refused is not None:
+        # A value that holds the template's own separators could pass for another
+        # resource's structure, in or out of a client's globs (policies/templates.py).
+        name, char = refused
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            f"path parameter {{{name}}} may not contain {char!r}: it separates the parts "
+            f"of resource {route.resource.raw!r}",
+            route=route.name,
+            parameter=name,
         )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
@@ -86,7 +99,8 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         retain_s=route.idempotency.retain_s,
         upstream_idempotent=route.upstream_idempotent,
     )
-    decision = await runtime.store.admit(token_hash(token), new)
+    standing = request.config_dict[CREDENTIALS].standing
+    decision = await runtime.store.admit(token_hash(token), new, standing)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
@@ -115,7 +129,9 @@ async def _dispatch_admitted(
         # not to have sent a byte: the effect is settled NOT_SENT at once.
         url: URL = forwarding.upstream_url(route.upstream, request)
         headers: CIMultiDict[str] = forwarding.upstream_headers(
-            request, fence if route.forward_fence_headers else None
+            request,
+            fence if route.forward_fence_headers else None,
+            request.config_dict[CREDENTIALS],
         )
     except Exception as exc:
         log.exception("could not build the upstream request for %s", effect.id)
@@ -124,7 +140,12 @@ async def _dispatch_admitted(
         assert runtime.pools is not None
         started = time.monotonic()
         result, answer = await forwarding.dispatch(
-            runtime.pools.fenced(route.upstream), route.upstream, request.method, url, headers, body
+            runtime.pools.fenced(route.upstream),
+            route.upstream,
+            request.method,
+            url,
+            headers,
+            forwarding.upstream_body(request, body),
         )
         runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
     if isinstance(result, Lost) and runtime.shutting_down:
@@ -132,8 +153,16 @@ async def _dispatch_admitted(
     event, reason = receipt_event(result, route.outcomes)
     stored = None
     if event is Event.ANSWERED_COMMITTED and answer is not None:
-        kept = answer.body if len(answer.body) <= forwarding.REPLAY_BODY_LIMIT else b""
-        stored = StoredResponse(answer.status, forwarding.replayable(answer.headers), kept)
+        # A body over the replay limit is not kept at all: a replay says so, and never
+        # serves a part of it as if it were the answer.
+        kept = not answer.over_limit and len(answer.body) <= forwarding.REPLAY_BODY_LIMIT
+        stored = StoredResponse(
+            answer.status,
+            forwarding.replayable(answer.headers),
+            answer.body if kept else b"",
+            reason=answer.reason,
+            body_kept=kept,
+        )
     upstream_status = result.status if isinstance(result, Answered) else None
     try:
         receipt = await runtime.store.finish_effect(
@@ -163,10 +192,29 @@ def _answer(
     """The worker's answer, as the lifecycle table says for this receipt."""
     effect = receipt.effect
     kind = receipt.transition.answer
+    if kind is Answer.RESPONSE and answer is not None and answer.over_limit:
+        applied = (
+            "the write was applied upstream"
+            if effect.state is EffectState.COMMITTED
+            else f"the effect is {effect.state.value}"
+        )
+        return problem(
+            ErrorCode.UPSTREAM_ANSWER_TOO_LARGE,
+            f"{reason}: {applied}, but its answer was over "
+            f"{forwarding.UPSTREAM_BODY_LIMIT} bytes, so it was neither passed on nor kept "
+            "and cannot be replayed; do not send the operation again",
+            headers=fence,
+            effect_id=effect.id,
+            state=effect.state.value,
+            upstream_status=upstream_status,
+            limit=forwarding.UPSTREAM_BODY_LIMIT,
+        )
     if kind is Answer.RESPONSE and answer is not None:
         headers = answer.headers.copy()
         headers.update(fence)
-        return web.Response(status=answer.status, headers=headers, body=answer.body)
+        return web.Response(
+            status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+        )
     if kind is Answer.NOT_SENT:
         return problem(
             ErrorCode.UPSTREAM_UNREACHABLE,
@@ -250,13 +298,31 @@ def _replay(record: IdempotencyRecord) -> web.Response:
         "Fence-Epoch": str(record.epoch),
         "Fence-Resource": record.resource,
         "Fence-Effect-Id": record.effect_id,
-        "Idempotent-Replayed": "true",
+        forwarding.REPLAYED: "true",
     }
-    if record.response is None:
+    stored = record.response
+    if stored is None:
         # Settled by a probe or an operator: committed, but no response was ever seen.
         return _committed_by_reconciliation(
             record.effect_id, record.effect_state, record.settled_by, fence
         )
-    headers = dict(record.response.headers)
+    if not stored.body_kept:
+        return web.json_response(
+            {
+                "replayed": True,
+                "effect_id": record.effect_id,
+                "state": record.effect_state.value,
+                "upstream_status": stored.status,
+                "answer_kept": False,
+                "detail": f"the operation was committed: the upstream answered {stored.status}; "
+                f"its answer was over the replay limit ({forwarding.REPLAY_BODY_LIMIT} bytes) "
+                "and was not kept, so it cannot be replayed",
+            },
+            status=200,
+            headers=fence,
+        )
+    headers = CIMultiDict(stored.headers)
     headers.update(fence)
-    return web.Response(status=record.response.status, headers=headers, body=record.response.body)
+    return web.Response(
+        status=stored.status, reason=stored.reason, headers=headers, body=stored.body
+    )

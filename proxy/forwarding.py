@@ -12,14 +12,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from core.outcomes import Answered, DispatchResult, Lost, NotSent
 from policies import Upstream
 from policies.tls import upstream_context
+from proxy.auth import Credentials
 
+# RFC 9110 §7.6.1 and the older proxy headers. Not "trailers": a header of that name
+# is an ordinary end-to-end one (RFC 9110 names the hop-by-hop one `Trailer`).
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -29,33 +32,30 @@ HOP_BY_HOP = frozenset(
         "proxy-connection",
         "te",
         "trailer",
-        "trailers",
         "transfer-encoding",
         "upgrade",
     }
 )
 FENCE_HEADERS = ("Fence-Epoch", "Fence-Resource", "Fence-Effect-Id")
-# Never forwarded: the lease secret, headers only the proxy may set upstream, and
-# framing headers the client recomputes.
-_NOT_FORWARDED = (
-    HOP_BY_HOP
-    | {"host", "content-length", "expect", "fence-token"}
-    | {name.lower() for name in FENCE_HEADERS}
-)
-# Response headers worth keeping for a replay; never cookies or framing.
-REPLAYABLE_HEADERS = frozenset(
-    {
-        "content-type",
-        "content-language",
-        "content-location",
-        "location",
-        "etag",
-        "last-modified",
-        "cache-control",
-    }
-)
+REPLAYED = "Idempotent-Replayed"
+# Never forwarded (besides every `Fence-*`): the lease secret and fence headers only the
+# proxy may set upstream, framing the client recomputes, and Host, the upstream's.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+# Never passed back (besides every `Fence-*`): framing, and the headers the proxy sets
+# in its own answers (an upstream's "Idempotent-Replayed: true" is not the proxy's word).
+_NOT_RETURNED = HOP_BY_HOP | {"content-length", REPLAYED.lower()}
+# Kept in a first answer, never replayed: a cookie is for the one worker it was set for.
+NOT_REPLAYED = frozenset({"set-cookie"})
+# What aiohttp's client adds on its own unless told not to: the proxy adds no header a
+# worker did not send (Content-Type: application/octet-stream on a body included).
+_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 REPLAY_BODY_LIMIT = 1_048_576
 UPSTREAM_BODY_LIMIT = 16 * 1_048_576
+
+
+def proxy_owned(name: str) -> bool:
+    """`Fence-*`: the proxy's headers, in both directions; nobody else's copy passes."""
+    return name.lower().startswith("fence-")
 
 
 def new_client_session(
@@ -67,6 +67,10 @@ def new_client_session(
         connector=aiohttp.TCPConnector(limit=limit, ssl=tls, enable_cleanup_closed=True),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None),
+        # One session serves every worker: a jar would hand one worker's cookies (set
+        # by the upstream in its answer) to the next worker's requests.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=_AUTO_HEADERS,
     )
     # Forward at most once: aiohttp otherwise re-sends GET/PUT/DELETE/... when a
     # pooled connection fails, and the first attempt may already have landed.
@@ -127,52 +131,99 @@ def connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
     }
 
 
-def upstream_headers(request: web.Request, fence: dict[str, str] | None) -> CIMultiDict[str]:
+def upstream_headers(
+    request: web.Request,
+    fence: dict[str, str] | None,
+    credentials: Credentials | None = None,
+) -> CIMultiDict[str]:
+    """The worker's end-to-end headers, in order with duplicates, less what is never
+    forwarded and any credential of this proxy; then the route's fence headers."""
     dropped = _NOT_FORWARDED | connection_tokens(request.headers)
     headers: CIMultiDict[str] = CIMultiDict(
-        (name, value) for name, value in request.headers.items() if name.lower() not in dropped
+        (name, value)
+        for name, value in request.headers.items()
+        if name.lower() not in dropped
+        and not proxy_owned(name)
+        and not (
+            credentials is not None
+            and name.lower() == "authorization"
+            and credentials.carried_by(value)
+        )
     )
-    client = request.remote or "unknown"
-    host = request.host
-    proto = request.scheme
-    previous_for = request.headers.get("X-Forwarded-For")
-    headers["X-Forwarded-For"] = f"{previous_for}, {client}" if previous_for else client
-    headers["X-Forwarded-Host"] = host
-    headers["X-Forwarded-Proto"] = proto
-    quoted_for = _quoted(f"[{client}]") if ":" in client else client
-    forwarded = f"for={quoted_for};host={_quoted(host)};proto={proto}"
-    previous = request.headers.get("Forwarded")
-    headers["Forwarded"] = f"{previous}, {forwarded}" if previous else forwarded
     if fence:
         headers.update(fence)
     return headers
 
 
-def _quoted(value: str) -> str:
-    """An RFC 7230 quoted-string (RFC 7239 takes its values so): a client's Host must not
-    close the quotes and add Forwarded parameters of its own."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
 def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    dropped = HOP_BY_HOP | {"content-length"} | connection_tokens(headers)
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
+    dropped = _NOT_RETURNED | connection_tokens(headers)
+    return CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in dropped and not proxy_owned(k)
+    )
 
 
 def replayable(headers: CIMultiDict[str]) -> tuple[tuple[str, str], ...]:
-    return tuple((k, v) for k, v in headers.items() if k.lower() in REPLAYABLE_HEADERS)
+    """Every end-to-end header of a first answer (as passed on), less cookies."""
+    return tuple((k, v) for k, v in headers.items() if k.lower() not in NOT_REPLAYED)
 
 
 @dataclass(frozen=True)
 class UpstreamResponse:
     status: int
+    reason: str | None
     headers: CIMultiDict[str]
+    # Empty when `over_limit`: the body went past UPSTREAM_BODY_LIMIT and was not kept.
     body: bytes
+    over_limit: bool = False
 
 
 def upstream_url(upstream: Upstream, request: web.Request) -> URL:
-    return URL(upstream.url + request.raw_path, encoded=True)
+    """The upstream's URL with the worker's request target as sent, byte for byte: yarl
+    drops an empty query ("/a?" would go up as "/a"), so the whole target, query
+    included, is the URL's encoded path, which aiohttp writes as it is."""
+    base = URL(upstream.url, encoded=True)
+    prefix = "" if base.raw_path == "/" else base.raw_path
+    return base.with_path(prefix + request.raw_path, encoded=True)
+
+
+def upstream_body(request: web.Request, body: bytes) -> bytes | None:
+    """What to hand aiohttp as the body: None (no framing header at all) for a request
+    that had no body and said nothing about one, so that none is added to it."""
+    framed = hdrs.CONTENT_LENGTH in request.headers or hdrs.TRANSFER_ENCODING in request.headers
+    return body if body or framed else None
+
+
+async def _unframed(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    # aiohttp gives a bodiless DELETE (any method but GET, HEAD, OPTIONS, TRACE)
+    # "Content-Length: 0" of its own; the worker's request had none.
+    request.headers.popall(hdrs.CONTENT_LENGTH, None)
+    return await handler(request)
+
+
+def framing_middlewares(data: bytes | None) -> tuple[aiohttp.ClientMiddlewareType, ...]:
+    return (_unframed,) if data is None else ()
+
+
+def sent_nothing(exc: BaseException) -> bool:
+    """Whether a failure proves that no byte of the request left: only failing to
+    connect (the TLS handshake included) does. Anything later (a reset, a close, a
+    read timeout) may have come after the upstream got it all."""
+    return isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError)
+
+
+async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, as it arrives (one `read(n)` returns only what is buffered);
+    None as soon as it is over `limit` bytes. A body cut short raises ClientPayloadError."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @functools.cache
@@ -186,9 +237,11 @@ async def dispatch(
     method: str,
     url: URL,
     headers: CIMultiDict[str],
-    body: bytes,
+    body: bytes | None,
 ) -> tuple[DispatchResult, UpstreamResponse | None]:
-    """Send once and read the whole answer. Only a failure to connect proves nothing left."""
+    """Send once and read the whole answer. Only a failure to connect proves nothing
+    left. An answer over UPSTREAM_BODY_LIMIT is still an answer (its status says what
+    happened), with no body."""
     try:
         async with session.request(
             method,
@@ -197,13 +250,13 @@ async def dispatch(
             data=body,
             timeout=client_timeout(upstream),
             allow_redirects=False,
+            middlewares=framing_middlewares(body),
         ) as response:
-            payload = await response.content.read(UPSTREAM_BODY_LIMIT + 1)
-            if len(payload) > UPSTREAM_BODY_LIMIT:
-                return Lost(f"upstream response over {UPSTREAM_BODY_LIMIT} bytes"), None
-            return Answered(response.status), UpstreamResponse(
-                response.status, downstream_headers(response.headers), payload
-            )
+            answered = (response.status, response.reason, downstream_headers(response.headers))
+            payload = await read_whole(response, UPSTREAM_BODY_LIMIT)
+            if payload is None:
+                return Answered(response.status), UpstreamResponse(*answered, b"", True)
+            return Answered(response.status), UpstreamResponse(*answered, payload)
     except aiohttp.ConnectionTimeoutError as exc:
         return NotSent(f"connect timeout after {upstream.connect_timeout_s}s ({exc})"), None
     except aiohttp.ClientConnectorError as exc:

@@ -264,6 +264,9 @@ _HOLDS_TOKEN = (
     ErrorCode.STALE_EPOCH,
     ErrorCode.LEASE_EXPIRED,
 )
+# A renew by a lease whose client the configuration in force no longer allows
+# (core.fencing.check_standing).
+_STANDING = (ErrorCode.FORBIDDEN, ErrorCode.FORBIDDEN_RESOURCE)
 
 
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -541,7 +544,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     "parameters": [_TOKEN],
                     "requestBody": _body({"ttl_s": ttl_s}),
                     "responses": _responses(
-                        {"200": _json(_ref("Lease"), "renewed")}, _BODY, _HOLDS_TOKEN
+                        {"200": _json(_ref("Lease"), "renewed")}, _BODY, _HOLDS_TOKEN, _STANDING
                     ),
                 }
             },

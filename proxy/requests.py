@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from aiohttp import hdrs, web
+from multidict import MultiMapping
 
 from core.codes import ErrorCode
 from policies import HOLDER_RE, LeaseBounds
@@ -22,8 +23,11 @@ MAX_HEADER_TOTAL = 32768
 # No route of ours needs a longer target, and every refusal stores the path: over this,
 # 414 before anything is matched (aiohttp's own line limit, 64 KiB, is further out).
 MAX_TARGET = 8192
-# Printable ASCII without spaces: keys end up in logs, probe URLs and tables.
-_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}\Z")
+# RFC 3986 §3.3 pchar without percent-encodings and sub-delims (unreserved, ':' and
+# '@'): a key is a path segment of a probe URL that no layer may rewrite, so it needs no
+# escaping, decodes to itself, and is not a dot segment (§5.2.4 removes those).
+_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9\-._~:@]{1,255}\Z")
+_DOT_SEGMENTS = frozenset({".", ".."})
 # Seconds a client has to send a request's body once its headers arrived (the policy's
 # `limits.body_timeout_s`); set by build_app, absent (no limit) on a bare application.
 BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
@@ -57,13 +61,33 @@ def check_header_sizes(request: web.Request) -> None:
         )
 
 
+def valid_idempotency_key(key: str) -> bool:
+    return bool(_IDEMPOTENCY_KEY.match(key)) and key not in _DOT_SEGMENTS
+
+
 def idempotency_key(request: web.Request) -> str | None:
     key = single_header(request, "Idempotency-Key")
-    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+    if key is not None and not valid_idempotency_key(key):
         raise ProblemError(
-            ErrorCode.INVALID_REQUEST, "Idempotency-Key must be 1-255 printable ASCII characters"
+            ErrorCode.INVALID_REQUEST,
+            "Idempotency-Key must be 1-255 characters of A-Z a-z 0-9 - . _ ~ : @, "
+            "and not '.' or '..'",
         )
     return key
+
+
+def check_header_encoding(headers: MultiMapping[str]) -> None:
+    """Refuse a header value whose bytes are not UTF-8: aiohttp holds them as surrogates,
+    which it cannot send on as the bytes that came, so nothing is forwarded at all."""
+    for name, value in headers.items():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProblemError(
+                ErrorCode.INVALID_REQUEST,
+                f"the value of header {name.encode('ascii', 'backslashreplace').decode()} "
+                "is not UTF-8",
+            ) from None
 
 
 async def defer_continue(request: web.Request) -> web.Response | None:

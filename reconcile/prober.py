@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
 from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
@@ -56,7 +57,9 @@ async def ask_upstream(
     """(status, None) if the upstream answered, (None, why) if it did not."""
     assert route.reconcile is not None
     upstream = route.upstream
-    url = upstream.url + probe_path(route, effect)
+    # Encoded as rendered (every value quoted): a plain string would let the client
+    # resolve dot segments and re-quote, and the upstream see another path.
+    url = URL(upstream.url + probe_path(route, effect), encoded=True)
     timeout = aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
     headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
     try:
@@ -98,6 +101,8 @@ async def probe_effect(
             None,
             detail,
             None,
+            # Nothing was asked: no attempt is counted and probing did not "give up".
+            counted=False,
             conclusion="no_probe",
             actor=actor,
         )

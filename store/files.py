@@ -61,6 +61,8 @@ def backup_sqlite(url: str, target: Path) -> None:
         raise StoreError(f"{source_path}: no such database")
     if target.exists():
         raise StoreError(f"{target} exists; choose a new file (a backup never overwrites)")
+    if not target.parent.is_dir():
+        raise StoreError(f"{target.parent}: no such folder; create it first")
     partial = target.with_name(f"{target.name}.partial")
     try:
         with (

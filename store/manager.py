@@ -38,7 +38,7 @@ from core.records import (
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
-from store.rows import effect_record, idempotency_record, lease_record
+from store.rows import effect_record, idempotency_record, lease_record, response_meta
 from store.tally import CountKey, RefusalTally
 
 log = logging.getLogger(__name__)
@@ -263,14 +263,18 @@ class Store:
             self._observe(resource, Ending.SUPERSEDED)
         return granted
 
-    async def renew(self, token_hash: str, ttl_s: float) -> tuple[LeaseRecord, float] | Refusal:
+    async def renew(
+        self, token_hash: str, ttl_s: float, clients: fencing.Clients = None
+    ) -> tuple[LeaseRecord, float] | Refusal:
+        """`clients`: the clients configured now (fencing.check_standing); None, the
+        policy has no `auth:` block."""
         came_back: str | None = None
 
         async def operation(tx: Tx) -> tuple[LeaseRecord, float] | Refusal:
             nonlocal came_back
             came_back = None  # a retried transaction decides afresh
             lease, state = await _lease_and_state(tx, token_hash)
-            refusal = fencing.decide_renew(lease, state, tx.now)
+            refusal = fencing.decide_renew(lease, state, tx.now, clients)
             if refusal is not None:
                 came_back = await _mark_came_back(tx, lease, refusal.code)
                 return refusal
@@ -413,9 +417,14 @@ class Store:
 
     # -- effects --------------------------------------------------------------
 
-    async def admit(self, token_hash: str, new: NewEffect) -> Admitted | Replay | Refusal:
-        """Check the token and record the effect as DISPATCHING, in one transaction."""
-        decided = await self.connector.write(self._admission(token_hash, new), own_clock=True)
+    async def admit(
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients = None
+    ) -> Admitted | Replay | Refusal:
+        """Check the token (and, with `clients`, its client's standing: see `renew`) and
+        record the effect as DISPATCHING, in one transaction."""
+        decided = await self.connector.write(
+            self._admission(token_hash, new, clients), own_clock=True
+        )
         if isinstance(decided, _Counted):
             self.refusal_tally.add(_count_key(decided.rejection))
             return decided.refusal
@@ -425,7 +434,7 @@ class Store:
         return decided
 
     def _admission(
-        self, token_hash: str, new: NewEffect
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients
     ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
         async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
             # One statement reads it all, under the resource's lock (a round trip
@@ -448,7 +457,7 @@ class Store:
                 new.upstream_timeout_s,
                 new.upstream_idempotent,
             )
-            decision = fencing.decide_admission(request, lease, state, existing, tx.now)
+            decision = fencing.decide_admission(request, lease, state, existing, tx.now, clients)
             if isinstance(decision, Replay):
                 return decision
             if isinstance(decision, Refusal):
@@ -618,7 +627,7 @@ class Store:
             epoch=admitted.epoch,
             default_retain_s=DEFAULT_RETAIN_S,
             status=kept.status if kept else None,
-            headers=json.dumps(kept.headers) if kept else None,
+            headers=response_meta(kept) if kept else None,
             body=kept.body if kept else None,
             key_settled_by=None if kept else "receipt",
             kind="dispatch",
@@ -774,7 +783,7 @@ class Store:
                     next_probe_at=next_probe_at if inconclusive else None,
                     counted=1 if counted else 0,
                 )
-                gave_up = inconclusive and next_probe_at is None
+                gave_up = inconclusive and counted and next_probe_at is None
                 row = await _effect_row(tx, effect_id)
             step = await _apply(
                 tx,
@@ -980,6 +989,7 @@ class Store:
         so nothing issued since the backup is ever issued again. Returns the new floor."""
 
         async def operation(tx: Tx) -> int:
+            await tx.execute("lock_all_resources")
             row = await tx.one("epoch_floor_and_max")
             assert row is not None
             floor = max(int(row["epoch_floor"]), int(row["max_epoch"])) + advance
@@ -1082,14 +1092,17 @@ class Store:
             ended = await tx.all(
                 "leases_ended_since", since=tx.now - within_s, now=tx.now, limit=limit
             )
+            # An expired lease nobody ended yet is selected by both queries: keep it once.
+            over = {
+                (row["resource"], row["epoch"]): row
+                for row in [*ended, *(row for row in current if row["expires_at"] <= tx.now)]
+            }
             return RecentLeases(
                 live=tuple(_lease_entry(row) for row in current if row["expires_at"] > tx.now),
                 ended=tuple(
                     _lease_entry(row)
                     for row in sorted(
-                        [row for row in current if row["expires_at"] <= tx.now] + ended,
-                        key=lambda row: float(row["expires_at"]),
-                        reverse=True,
+                        over.values(), key=lambda row: float(row["expires_at"]), reverse=True
                     )[:limit]
                 ),
                 now=tx.now,
@@ -1467,7 +1480,7 @@ async def _apply_key(
         **where,
         expires_at=tx.now + float(retain_s),
         status=response.status if response else None,
-        headers=json.dumps(response.headers) if response else None,
+        headers=response_meta(response) if response else None,
         body=response.body if response else None,
         # Who established it, when no response was ever seen to replay.
         settled_by=None if response else (settled_by or "receipt"),

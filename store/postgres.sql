@@ -382,6 +382,13 @@ WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state <> 'DISPATCHI
 SELECT min(created_at) AS oldest FROM effects
 WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
 
+-- lock_all_resources --
+-- For fence-restore: the lock every acquire, revoke and admission waits for (they write
+-- their resource's row first, lock_resource), on every resource at once, new ones
+-- included; plain reads go on. No epoch can rise between the read of the highest and
+-- the write above it, which would set that resource back under an epoch it issued.
+LOCK TABLE resources IN EXCLUSIVE MODE
+
 -- epoch_floor_and_max --
 SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
 FROM store_meta m
@@ -390,7 +397,7 @@ FROM store_meta m
 UPDATE store_meta SET epoch_floor = :floor
 
 -- advance_all_epochs --
-UPDATE resources SET epoch = :floor
+UPDATE resources SET epoch = GREATEST(epoch, :floor)
 
 -- end_all_leases --
 UPDATE leases SET ended_at = :now, end_reason = :reason WHERE ended_at IS NULL

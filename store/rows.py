@@ -38,9 +38,8 @@ def idempotency_record(row: Row | None) -> IdempotencyRecord | None:
         return None
     response = None
     if row["response_status"] is not None:
-        headers = tuple((str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]"))
-        response = StoredResponse(
-            int(row["response_status"]), headers, bytes(row["response_body"] or b"")
+        response = stored_response(
+            int(row["response_status"]), row["response_headers"], bytes(row["response_body"] or b"")
         )
     return IdempotencyRecord(
         resource=row["resource"],
@@ -76,4 +75,27 @@ def effect_record(row: Row) -> EffectRecord:
         probe_attempts=int(row["probe_attempts"]),
         next_probe_at=row["next_probe_at"],
         settled_by=row["settled_by"],
+    )
+
+
+def response_meta(response: StoredResponse) -> str:
+    """The `response_headers` column: the headers with the reason phrase and whether the
+    body was kept (one JSON object; rows written before these were kept hold a list)."""
+    return json.dumps(
+        {"headers": response.headers, "reason": response.reason, "body_kept": response.body_kept}
+    )
+
+
+def stored_response(status: int, meta: str | None, body: bytes) -> StoredResponse:
+    decoded = json.loads(meta or "[]")
+    if isinstance(decoded, list):
+        decoded = {"headers": decoded}
+    headers = tuple((str(k), str(v)) for k, v in decoded["headers"])
+    reason = decoded.get("reason")
+    return StoredResponse(
+        status,
+        headers,
+        body,
+        reason=None if reason is None else str(reason),
+        body_kept=bool(decoded.get("body_kept", True)),
     )

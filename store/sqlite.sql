@@ -338,6 +338,10 @@ WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND 
 SELECT min(created_at) AS oldest FROM effects
 WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
 
+-- lock_all_resources --
+-- Nothing to lock: BEGIN IMMEDIATE already serialises every acquire on the file, so no
+-- epoch can rise between fence-restore's read of the highest and its write.
+
 -- epoch_floor_and_max --
 SELECT m.epoch_floor, (SELECT COALESCE(MAX(epoch), 0) FROM resources) AS max_epoch
 FROM store_meta m
@@ -346,7 +350,7 @@ FROM store_meta m
 UPDATE store_meta SET epoch_floor = :floor
 
 -- advance_all_epochs --
-UPDATE resources SET epoch = :floor
+UPDATE resources SET epoch = max(epoch, :floor)
 
 -- end_all_leases --
 UPDATE leases SET ended_at = :now, end_reason = :reason WHERE ended_at IS NULL

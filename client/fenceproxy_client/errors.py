@@ -170,6 +170,20 @@ class UpstreamUnreachable(FenceError):
     code = "upstream_unreachable"
 
 
+class UpstreamAnswerTooLarge(FenceError):
+    """The upstream answered a fenced write with more than 16 MiB: the effect is
+    recorded by that answer's status (`upstream_status`; a committed one means the
+    write was applied), and the answer itself is gone: it cannot be replayed. Never
+    send the operation again under a new idempotency key."""
+
+    code = "upstream_answer_too_large"
+
+    @property
+    def upstream_status(self) -> int | None:
+        status = self.problem.get("upstream_status")
+        return status if isinstance(status, int) else None
+
+
 class StoreUnavailable(FenceError):
     code = "store_unavailable"
 

@@ -183,6 +183,9 @@ def test_leases_show_prints_a_table_for_people(cli: Cli, config: Path) -> None:
         "in_doubt",
     ]
     assert row.split()[:2] == ["0", "1"]
+    # No holder, no client: "-" as in every other empty column, never Python's None.
+    assert row.split()[2:4] == ["-", "-"]
+    assert "None" not in result.out
 
 
 def test_revoke_advances_the_epoch_and_it_persists_across_processes(cli: Cli, config: Path) -> None:

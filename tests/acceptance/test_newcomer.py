@@ -101,8 +101,10 @@ def test_make_run_on_a_busy_port_says_which_and_how_to_choose_another(busy: str)
         }
         environment["PORT"] = ports["PORT"]
         upstream_option = f"UPSTREAM_PORT={ports['UPSTREAM_PORT']}"
+        venv = f"VENV={sys.prefix}"
         done = subprocess.run(
-            ["make", "--no-print-directory", "-C", str(ROOT), "run", upstream_option],
+            # The virtualenv running these tests, wherever it is: never a build of one.
+            ["make", "--no-print-directory", "-C", str(ROOT), "run", upstream_option, venv],
             env=environment,
             capture_output=True,
             text=True,

@@ -13,7 +13,7 @@ The convention, which README.md states where the first walkthrough begins:
 The proxy and the demo upstream are `make run`'s own processes (demo/run_example.py),
 on free ports and a fresh state directory; the README's 8080 and 9001 are replaced by
 those ports. The shell runs where `state/` is that directory, as the README's
-`state/fenceproxy.yaml` expects, with the virtualenv's `fenceproxy` on PATH.
+`state/fenceproxy.yaml` expects; the README itself puts the virtualenv's `fenceproxy` on PATH.
 """
 
 from __future__ import annotations
@@ -165,7 +165,9 @@ def test_the_walkthroughs_print_what_the_readme_shows(
     commands = commands_of(walkthrough_blocks(README.read_text(encoding="utf-8")))
     script = script_of(commands, *demo)
     environment = {key: value for key, value in os.environ.items() if key != "FENCEPROXY_CONFIG"}
-    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    # No `fenceproxy` on PATH: the walkthrough activates `.venv` where it runs, as a
+    # reader's shell at the project's root does.
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     done = subprocess.run(
         ["bash", "-c", script],
         cwd=tmp_path,

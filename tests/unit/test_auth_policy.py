@@ -273,3 +273,24 @@ def test_a_client_named_by_its_certificate_matches_no_key() -> None:
     credentials = Credentials.of(replace(policy, auth=Auth((named,))), [], {})
     assert credentials.subjects == {"worker-7": named}
     assert credentials.keys == ()
+
+
+@pytest.mark.parametrize(
+    ("authorization", "carried"),
+    [
+        ("Bearer proxy-key", True),
+        ("bearer   proxy-key  ", True),
+        ("proxy-key", True),
+        (" proxy-key ", True),
+        ("Bearer upstream-key", False),
+        ("Basic proxy-key", False),
+        ("Bearer proxy-key-and-more", False),
+        ("", False),
+    ],
+)
+def test_an_authorization_carries_a_proxy_credential_only_when_it_presents_a_key(
+    authorization: str, carried: bool
+) -> None:
+    # What upstream forwarding drops: the proxy's own keys, bare or as a bearer credential.
+    credentials = Credentials(((hashlib.sha256(b"proxy-key").digest(), ADMIN),), required=False)
+    assert credentials.carried_by(authorization) is carried

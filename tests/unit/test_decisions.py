@@ -11,6 +11,7 @@ import json
 
 from core.codes import ErrorCode
 from core.fencing import (
+    NO_AUTH,
     AdmissionRequest,
     Admit,
     Grant,
@@ -328,26 +329,26 @@ def test_superseded_and_expired_lease_is_stale_not_expired() -> None:
 
 def test_renew_a_live_lease_passes() -> None:
     current = lease()
-    assert decide_renew(current, state(current), NOW) is None
+    assert decide_renew(current, state(current), NOW, NO_AUTH) is None
 
 
 def test_renew_an_expired_lease_is_refused() -> None:
     expired = lease(expires_at=NOW - 1)
-    refused(decide_renew(expired, state(expired), NOW), "lease_expired")
+    refused(decide_renew(expired, state(expired), NOW, NO_AUTH), "lease_expired")
 
 
 def test_renew_a_superseded_lease_is_stale_epoch() -> None:
     old, now_state = superseded()
-    refused(decide_renew(old, now_state, NOW), "stale_epoch")
+    refused(decide_renew(old, now_state, NOW, NO_AUTH), "stale_epoch")
 
 
 def test_renew_a_released_lease_is_stale_epoch() -> None:
     ended, now_state = released()
-    refused(decide_renew(ended, now_state, NOW), "stale_epoch")
+    refused(decide_renew(ended, now_state, NOW, NO_AUTH), "stale_epoch")
 
 
 def test_renew_without_a_lease_record_is_invalid_token() -> None:
-    refused(decide_renew(None, None, NOW), "invalid_token")
+    refused(decide_renew(None, None, NOW, NO_AUTH), "invalid_token")
 
 
 # --- decide_release ---------------------------------------------------------------------
@@ -391,7 +392,7 @@ def admit(
     existing: IdempotencyRecord | None = None,
     req: AdmissionRequest | None = None,
 ) -> Admit | Replay | Refusal:
-    return decide_admission(req or request(), lease_record, resource_state, existing, NOW)
+    return decide_admission(req or request(), lease_record, resource_state, existing, NOW, NO_AUTH)
 
 
 def test_current_live_lease_with_a_fresh_key_is_admitted() -> None:

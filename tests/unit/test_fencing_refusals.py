@@ -9,6 +9,7 @@ epochs, counts and times, and that the context carries every member.
 from __future__ import annotations
 
 from core.fencing import (
+    NO_AUTH,
     AdmissionRequest,
     Admit,
     check_lease,
@@ -143,7 +144,7 @@ def test_lease_expired() -> None:
 def test_wrong_resource() -> None:
     other = LeaseRecord("supplier:gadget", 3, "worker-1", NOW - 10, NOW + 60, None, None)
     other_state = ResourceState("supplier:gadget", 3, other)
-    assert refusal(decide_admission(request(), other, other_state, None, NOW)) == (
+    assert refusal(decide_admission(request(), other, other_state, None, NOW, NO_AUTH)) == (
         "wrong_resource",
         "the token's lease guards supplier:gadget, not supplier:widget",
         {"resource": RESOURCE, "token_resource": "supplier:gadget"},
@@ -153,7 +154,9 @@ def test_wrong_resource() -> None:
 def test_idempotency_key_reused() -> None:
     current = lease()
     existing = key_record(EffectState.COMMITTED, fingerprint="fp-other")
-    assert refusal(decide_admission(request(), current, state(current), existing, NOW)) == (
+    assert refusal(
+        decide_admission(request(), current, state(current), existing, NOW, NO_AUTH)
+    ) == (
         "idempotency_key_reused",
         "this Idempotency-Key was used for a different request",
         {"resource": RESOURCE, "effect_id": "eff-1"},
@@ -163,7 +166,9 @@ def test_idempotency_key_reused() -> None:
 def test_request_in_progress() -> None:
     current = lease()
     existing = key_record(EffectState.DISPATCHING)
-    assert refusal(decide_admission(request(), current, state(current), existing, NOW)) == (
+    assert refusal(
+        decide_admission(request(), current, state(current), existing, NOW, NO_AUTH)
+    ) == (
         "request_in_progress",
         "a request with this Idempotency-Key is being forwarded now",
         {"resource": RESOURCE, "effect_id": "eff-1"},
@@ -173,7 +178,9 @@ def test_request_in_progress() -> None:
 def test_effect_in_flight_counts_the_requests_being_forwarded() -> None:
     current = lease()
     busy = state(current, dispatching=("eff-a", "eff-b"))
-    assert refusal(decide_admission(request(max_in_flight=2), current, busy, None, NOW)) == (
+    assert refusal(
+        decide_admission(request(max_in_flight=2), current, busy, None, NOW, NO_AUTH)
+    ) == (
         "effect_in_flight",
         "supplier:widget already has 2 request(s) being forwarded",
         {"resource": RESOURCE, "in_flight": ["eff-a", "eff-b"]},
@@ -182,7 +189,7 @@ def test_effect_in_flight_counts_the_requests_being_forwarded() -> None:
 
 def test_lease_too_short_gives_the_remaining_time_and_the_timeout() -> None:
     current = lease(expires_at=NOW + 4.25)
-    decision = decide_admission(request(timeout_s=5.0), current, state(current), None, NOW)
+    decision = decide_admission(request(timeout_s=5.0), current, state(current), None, NOW, NO_AUTH)
     assert refusal(decision) == (
         "lease_too_short",
         "the lease expires in 4.250s, before the upstream timeout of 5.0s ends; renew it first",
@@ -195,7 +202,9 @@ def test_a_request_is_not_a_resend_unless_its_route_says_the_upstream_deduplicat
     # only an explicit upstream_idempotent=True may resend it.
     current = lease()
     doubtful = state(current, unknown=("eff-u",), unknown_operations=(("order-1", "fp-1"),))
-    code, _, _ = refusal(decide_admission(request(), current, doubtful, None, NOW))
+    code, _, _ = refusal(decide_admission(request(), current, doubtful, None, NOW, NO_AUTH))
     assert code == "resource_blocked"
     flagged = AdmissionRequest(RESOURCE, "order-1", "fp-1", 1, 5.0, upstream_idempotent=True)
-    assert decide_admission(flagged, current, doubtful, None, NOW) == Admit(resends=("eff-u",))
+    assert decide_admission(flagged, current, doubtful, None, NOW, NO_AUTH) == Admit(
+        resends=("eff-u",)
+    )

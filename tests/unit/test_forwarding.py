@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from core.outcomes import Answered, Lost
@@ -81,9 +81,63 @@ async def test_a_put_whose_connection_drops_is_sent_once_and_reported_lost(
     assert upstream.received[1].endswith(b'{"v": 2}')
 
 
-def test_forwarded_quotes_the_host_as_rfc_7239_asks() -> None:
-    # A Host value with a quote or a backslash must not break out of its quoted-string
-    # (and so add parameters of its own choosing to the Forwarded header).
-    request = make_mocked_request("POST", "/orders/w", headers={"Host": 'evil";for=1.2.3.4;x="\\'})
-    forwarded = forwarding.upstream_headers(request, None)["Forwarded"]
-    assert forwarded.endswith(';host="evil\\";for=1.2.3.4;x=\\"\\\\";proto=http')
+def test_upstream_headers_add_nothing_and_keep_order_and_duplicates() -> None:
+    # No Forwarded / X-Forwarded-* of the proxy's own (the wire contract: the only
+    # headers added are the route's fence headers, Host and Content-Length framing).
+    request = make_mocked_request(
+        "POST",
+        "/orders/w",
+        headers=CIMultiDict(
+            [
+                ("Host", "proxy"),
+                ("X-A", "1"),
+                ("Forwarded", "for=1.2.3.4"),
+                ("X-A", "2"),
+                ("Fence-Custom", "x"),
+                ("Connection", "X-Gone"),
+                ("X-Gone", "g"),
+                ("Trailers", "t"),
+            ]
+        ),
+    )
+    headers = forwarding.upstream_headers(request, {"Fence-Epoch": "3"})
+    assert list(headers.items()) == [
+        ("X-A", "1"),
+        ("Forwarded", "for=1.2.3.4"),
+        ("X-A", "2"),
+        ("Trailers", "t"),
+        ("Fence-Epoch", "3"),
+    ]
+
+
+def test_downstream_headers_drop_what_the_proxy_owns_and_replays_drop_cookies() -> None:
+    upstream = CIMultiDictProxy(
+        CIMultiDict(
+            [
+                ("Set-Cookie", "a=1"),
+                ("Link", "<a>"),
+                ("Idempotent-Replayed", "true"),
+                ("Fence-Epoch", "9"),
+                ("Link", "<b>"),
+                ("Content-Length", "2"),
+            ]
+        )
+    )
+    passed = forwarding.downstream_headers(upstream)
+    assert list(passed.items()) == [("Set-Cookie", "a=1"), ("Link", "<a>"), ("Link", "<b>")]
+    assert forwarding.replayable(passed) == (("Link", "<a>"), ("Link", "<b>"))
+
+
+@pytest.mark.parametrize(
+    ("base", "target", "url"),
+    [
+        ("http://u:81", "/a?", "http://u:81/a?"),
+        ("http://u:81/api", "/a/%2e%2E/b?x=%zz&&", "http://u:81/api/a/%2e%2E/b?x=%zz&&"),
+        ("http://u:81", "/a/../b", "http://u:81/a/../b"),
+    ],
+)
+def test_the_upstream_url_keeps_the_target_byte_for_byte(base: str, target: str, url: str) -> None:
+    built = forwarding.upstream_url(Upstream("u", base, 5, 1), make_mocked_request("GET", target))
+    assert str(built) == url
+    # What aiohttp writes as the request target.
+    assert built.raw_path_qs == base.removeprefix("http://u:81") + target

@@ -13,7 +13,7 @@ from itertools import pairwise
 
 import pytest
 
-from core.fencing import AdmissionRequest, Admit, decide_admission
+from core.fencing import NO_AUTH, AdmissionRequest, Admit, decide_admission
 from core.probing import (
     DEADLINE_MARGIN_S,
     FIRST_RETRY_S,
@@ -257,19 +257,21 @@ def key_record(effect_id: str = "eff-u0") -> IdempotencyRecord:
 
 def test_resending_the_same_operation_is_admitted_and_names_the_effect_it_settles() -> None:
     state = blocked_state()
-    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW)
+    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW, NO_AUTH)
     assert decision == Admit(resends=("eff-u0",))
 
 
 def test_a_resend_names_every_unknown_effect_of_that_operation() -> None:
     state = blocked_state(((KEY, FINGERPRINT), (KEY, FINGERPRINT)))
-    decision = decide_admission(resend(), current_lease(), state, key_record("eff-u1"), NOW)
+    decision = decide_admission(
+        resend(), current_lease(), state, key_record("eff-u1"), NOW, NO_AUTH
+    )
     assert decision == Admit(resends=("eff-u0", "eff-u1"))
 
 
 def test_a_resend_with_a_different_request_is_blocked() -> None:
     decision = decide_admission(
-        resend(fingerprint="fp-other"), current_lease(), blocked_state(), key_record(), NOW
+        resend(fingerprint="fp-other"), current_lease(), blocked_state(), key_record(), NOW, NO_AUTH
     )
     # Blocked, not idempotency_key_reused: the block is checked before the key.
     refusal = refused(decision, "resource_blocked")
@@ -277,31 +279,40 @@ def test_a_resend_with_a_different_request_is_blocked() -> None:
 
 
 def test_a_resend_with_a_different_key_is_blocked() -> None:
-    decision = decide_admission(resend(key="order-2"), current_lease(), blocked_state(), None, NOW)
+    decision = decide_admission(
+        resend(key="order-2"), current_lease(), blocked_state(), None, NOW, NO_AUTH
+    )
     refused(decision, "resource_blocked")
 
 
 def test_a_request_without_a_key_is_blocked() -> None:
-    decision = decide_admission(resend(key=None), current_lease(), blocked_state(), None, NOW)
+    decision = decide_admission(
+        resend(key=None), current_lease(), blocked_state(), None, NOW, NO_AUTH
+    )
     refused(decision, "resource_blocked")
 
 
 def test_a_resend_on_a_route_whose_upstream_does_not_deduplicate_is_blocked() -> None:
     decision = decide_admission(
-        resend(upstream_idempotent=False), current_lease(), blocked_state(), key_record(), NOW
+        resend(upstream_idempotent=False),
+        current_lease(),
+        blocked_state(),
+        key_record(),
+        NOW,
+        NO_AUTH,
     )
     refused(decision, "resource_blocked")
 
 
 def test_a_resend_is_blocked_if_any_unknown_effect_is_another_operation() -> None:
     state = blocked_state(((KEY, FINGERPRINT), ("order-2", "fp-2")))
-    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW)
+    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW, NO_AUTH)
     refused(decision, "resource_blocked")
 
 
 def test_an_unknown_effect_without_a_key_is_never_matched_by_a_resend() -> None:
     state = blocked_state(((None, FINGERPRINT),))
-    decision = decide_admission(resend(), current_lease(), state, None, NOW)
+    decision = decide_admission(resend(), current_lease(), state, None, NOW, NO_AUTH)
     refused(decision, "resource_blocked")
 
 
@@ -309,11 +320,11 @@ def test_only_the_current_holder_may_resend() -> None:
     # The operation's original holder at epoch 3 lost the resource to epoch 4.
     old = current_lease(epoch=3)
     state = blocked_state(lease=replace(current_lease(epoch=4), holder="worker-2"), epoch=4)
-    decision = decide_admission(resend(), old, state, key_record(), NOW)
+    decision = decide_admission(resend(), old, state, key_record(), NOW, NO_AUTH)
     refused(decision, "stale_epoch")
 
 
 def test_a_resend_still_respects_the_in_flight_limit() -> None:
     state = blocked_state(dispatching=("eff-d0",))
-    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW)
+    decision = decide_admission(resend(), current_lease(), state, key_record(), NOW, NO_AUTH)
     refused(decision, "effect_in_flight")

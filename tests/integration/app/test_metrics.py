@@ -6,8 +6,12 @@ one the test's traffic implies (a commit, refusals, two UNKNOWNs, probes).
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from store import StoreUnavailable
 from tests.integration.app.conftest import (
     PROBE_BY_KEY,
     Fence,
@@ -186,3 +190,19 @@ async def test_healthz_and_readyz_answer(fence: Fence) -> None:
         body = await json_body(response)
         assert response.status == 200, (path, body)
         assert body["status"] in ("ok", "ready")
+
+
+async def test_a_store_that_does_not_answer_is_counted_as_a_refusal(
+    fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What an operator alerts on (examples/deploy/prometheus/alerts.yaml): workers told
+    # 503 store_unavailable show in the metrics, not only in /readyz.
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("the database is read-only")
+
+    monkeypatch.setattr(fence.store, "acquire", unavailable)
+    answer = await fence.acquire_response("supplier:widget", "worker-a", ttl_s=30)
+    await assert_problem(answer, 503, "store_unavailable")
+    monkeypatch.undo()
+    metrics = await scrape(fence)
+    assert metrics["fenceproxy_refusals_total"][labels(code="store_unavailable")] == 1

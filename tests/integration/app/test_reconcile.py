@@ -213,6 +213,9 @@ async def test_without_a_probe_unknown_waits_for_an_operator(make_fence: FenceFa
         lambda e: any(ev["conclusion"] == "no_probe" for ev in e["events"]),
     )
     assert waiting["state"] == "UNKNOWN"
+    # Nothing was asked of the upstream: no attempt counted, no "gave up" as if probes ran.
+    assert waiting["probe_attempts"] == 0
+    assert [ev["conclusion"] for ev in waiting["events"]].count("gave_up") == 0
     fence.clock.advance(31)  # the lease has expired: still no takeover
     takeover = await fence.acquire_response(RESOURCE, "worker-b", ttl_s=30)
     refusal = await assert_problem(takeover, 423, "resource_blocked")
@@ -476,7 +479,7 @@ async def test_cli_lists_and_resolves_effects_in_doubt(make_fence: FenceFactory)
         1,
     )
     assert entry["idempotency_key"] == "k-1"
-    assert entry["probe_attempts"] == 1
+    assert entry["probe_attempts"] == 0  # the route has no probe: nothing was asked
     assert entry["last_event"] is not None
 
     resolved = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
 from core.fencing import Replay
@@ -311,3 +312,44 @@ async def test_replicas_starting_together_migrate_a_fresh_database_once(
         store_url, "SELECT version, name FROM schema_migrations ORDER BY version"
     )
     assert recorded == shipped
+
+
+async def test_fence_restore_never_lowers_an_epoch_another_replica_is_raising(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A replica raises a resource's epoch between fence-restore's read of the highest
+    epoch and its write (forced: the replica holds the resource's row lock, as an
+    acquire does, until fence-restore waits on it). The restore must land above what
+    the replica issued, never set the resource back under it."""
+    async with running_store(store_url, clock, instance_id="restorer") as restorer:
+        await leased(restorer, "r")  # epoch 1
+        replica = await asyncpg.connect(store_url)
+        try:
+            async with replica.transaction():
+                # What an acquire does: the row lock first, then the new epoch.
+                await replica.execute("UPDATE resources SET epoch = epoch WHERE resource = 'r'")
+                restore = asyncio.create_task(restorer.fence_restore(1))
+                await _until_waiting_on_a_lock(replica, restore)
+                await replica.execute("UPDATE resources SET epoch = 5 WHERE resource = 'r'")
+            floor = await restore
+        finally:
+            await replica.close()
+        view = await restorer.lease_view("r")
+        assert floor > 5
+        assert view.next_epoch > 5, view
+
+
+async def _until_waiting_on_a_lock(
+    observer: asyncpg.Connection, task: asyncio.Task[object]
+) -> None:
+    """Bounded polling: until another session of this database waits on a lock."""
+    for _ in range(500):
+        assert not task.done(), "fence-restore finished without waiting on the row lock"
+        waiting = await observer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("fence-restore never waited on the row lock")
