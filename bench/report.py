@@ -99,6 +99,7 @@ class PostgresRun:
     pool_max: int
     rounds: list[Measurement]  # one replica, then two
     round_trips: RoundTrips | None = None
+    statement_cache: bool = True
 
     @property
     def two_over_one(self) -> float | None:
@@ -178,7 +179,8 @@ def bound_verdict(run: PostgresRun) -> list[str]:
 def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
     lines = [
         f"PostgreSQL store: fenced at concurrency {run.concurrency}, one fresh database, "
-        f"store_pool max_size {run.pool_max} per replica",
+        f"store_pool max_size {run.pool_max} per replica"
+        f"{'' if run.statement_cache else ', statement cache off'}",
         f"{'replicas':<8} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}",
     ]
     for m in run.rounds:
@@ -354,6 +356,7 @@ def json_figures(
         figures["postgresql"] = {
             "concurrency": postgres.concurrency,
             "store_pool_max_size": postgres.pool_max,
+            "statement_cache": postgres.statement_cache,
             "results": [asdict(m) for m in postgres.rounds],
             "two_over_one": postgres.two_over_one,
             "bound": bound_verdict(postgres),

@@ -4,8 +4,8 @@ and what a second fenceproxy replica on one PostgreSQL database adds.
     python -m bench.run [--duration S] [--warmup S] [--concurrency 16,64] [--rounds 3]
                         [--targets plain,fenced] [--sqlite-synchronous FULL]
                         [--backends sqlite,postgresql] [--postgres-url ADMIN_URL]
-                        [--pg-concurrency 64] [--pg-pool 10] [--no-extra-rounds]
-                        [--preload N] [--json]
+                        [--pg-concurrency 64] [--pg-pool 10] [--no-pg-statement-cache]
+                        [--no-extra-rounds] [--preload N] [--json]
 
 SQLite (`--backends sqlite`): starts, each as its own process on a free port,
 the demo upstream, the plain proxy (bench/plain_proxy.py) and fenceproxy with a
@@ -207,7 +207,13 @@ def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
             upstream_url, upstream = start_upstream(processes, workdir)
             replicas = [
                 start_fenceproxy(
-                    processes, workdir, f"pg-r{n}", upstream_url, store_url, args.pg_pool
+                    processes,
+                    workdir,
+                    f"pg-r{n}",
+                    upstream_url,
+                    store_url,
+                    args.pg_pool,
+                    args.pg_statement_cache,
                 )
                 for n in (1, 2)
             ]
@@ -216,7 +222,7 @@ def run_postgres(args: argparse.Namespace, workdir: Path) -> PostgresRun:
             trips = asyncio.run(measure_round_trips(replicas[0][0]))
     finally:
         asyncio.run(drop_database(args.postgres_url, store_url))
-    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds, trips)
+    return PostgresRun(args.pg_concurrency, args.pg_pool, rounds, trips, args.pg_statement_cache)
 
 
 async def measure_postgres(
@@ -322,6 +328,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-concurrency", type=int, default=64, help="workers, PostgreSQL run")
     parser.add_argument(
         "--pg-pool", type=int, default=10, help="each replica's store_pool max_size (default 10)"
+    )
+    parser.add_argument(
+        "--pg-statement-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the replicas' store_pool.statement_cache (--no-pg-statement-cache: what a "
+        "pooler in transaction mode needs, one more round trip per statement)",
     )
     parser.add_argument(
         "--preload",

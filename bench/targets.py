@@ -24,7 +24,11 @@ STARTUP_TIMEOUT_S = 30.0
 
 
 def fenceproxy_config(
-    port: int, upstream_url: str, store_url: str, pool_max: int | None = None
+    port: int,
+    upstream_url: str,
+    store_url: str,
+    pool_max: int | None = None,
+    statement_cache: bool = True,
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "version": 1,
@@ -46,7 +50,11 @@ def fenceproxy_config(
         ],
     }
     if pool_max is not None:
-        config["store_pool"] = {"min_size": 1, "max_size": pool_max}
+        config["store_pool"] = {
+            "min_size": 1,
+            "max_size": pool_max,
+            "statement_cache": statement_cache,
+        }
     return config
 
 
@@ -94,10 +102,11 @@ def start_fenceproxy(
     upstream_url: str,
     store_url: str,
     pool_max: int | None = None,
+    statement_cache: bool = True,
 ) -> tuple[str, ManagedProcess]:
     port = free_port()
     config_path = workdir / f"{name}.yaml"
-    config = fenceproxy_config(port, upstream_url, store_url, pool_max)
+    config = fenceproxy_config(port, upstream_url, store_url, pool_max, statement_cache)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     url = f"http://127.0.0.1:{port}"
     process = start_process(

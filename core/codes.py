@@ -146,7 +146,8 @@ _PROBLEMS = {
     ErrorCode.LEASE_TOO_SHORT: _Problem(
         409,
         "Lease too short for the upstream timeout",
-        "the lease would expire before the upstream timeout ends: renew first",
+        "the lease would expire before the upstream timeout ends: renew first (`needed_s`: "
+        "the timeout, `remaining_s`: what was left)",
     ),
     ErrorCode.CONFLICTING_EVIDENCE: _Problem(
         409,
@@ -168,7 +169,10 @@ _PROBLEMS = {
     ),
     ErrorCode.PAYLOAD_TOO_LARGE: _Problem(413, "Payload too large", "body over the route's limit"),
     ErrorCode.HEADERS_TOO_LARGE: _Problem(
-        431, "Request headers too large", "one header over 8 KiB or all over 32 KiB"
+        431,
+        "Request headers too large",
+        "one header over 8 KiB or all over 32 KiB, or (counted as sent) a header block "
+        "over 40 KiB or 256 lines; the connection is closed",
     ),
     ErrorCode.URI_TOO_LONG: _Problem(
         414, "Request target too long", "the request target (path and query) is over 8 KiB"
@@ -205,7 +209,7 @@ _PROBLEMS = {
         "Store unavailable",
         "the store did not answer, refused a write, or cannot be trusted (its SQLite file was "
         "deleted or replaced): before dispatch nothing was decided; after it the receipt was "
-        "not recorded and the effect stays in doubt",
+        "not recorded and the effect stays in doubt (`Retry-After` set)",
     ),
     ErrorCode.OVERLOADED: _Problem(
         503,

@@ -247,7 +247,14 @@ def decide_admission(
             "lease_too_short",
             f"the lease expires in {remaining:.3f}s, before the upstream timeout of "
             f"{request.upstream_timeout_s}s ends; renew it first",
-            {"resource": request.resource, "epoch": lease.epoch, "expires_at": lease.expires_at},
+            {
+                "resource": request.resource,
+                "epoch": lease.epoch,
+                "expires_at": lease.expires_at,
+                # What a client needs to size its lease: renew to at least needed_s.
+                "needed_s": request.upstream_timeout_s,
+                "remaining_s": round(remaining, 3),
+            },
         )
     return Admit(resends)
 

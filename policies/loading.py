@@ -321,6 +321,10 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
     )
 
 
+# In the query string of a PostgreSQL URL (`?statement_cache_size=0`, `&...`).
+_DRIVER_ONLY_PARAMETER = re.compile(r"[?&]statement_cache_size=")
+
+
 def _parse_store(root: Mapping, problems: Problems) -> str:
     store = root.text("store", default="sqlite:///state/fenceproxy.db")
     if store is None:
@@ -335,6 +339,14 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
         not store.startswith("sqlite:///") or not store[len("sqlite:///") :].partition("?")[0]
     ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
+    elif backend is StoreBackend.POSTGRESQL and _DRIVER_ONLY_PARAMETER.search(store):
+        # asyncpg would send it to the server as a startup parameter, which the server
+        # (or a pooler) refuses: it is the driver's, and has its option here.
+        problems.add(
+            root.children["store"],
+            "statement_cache_size is not a connection parameter: "
+            "set store_pool.statement_cache: false instead",
+        )
     return str(store)
 
 
@@ -342,14 +354,21 @@ def _parse_store_pool(root: Mapping, problems: Problems) -> StorePool:
     node = root.child("store_pool")
     if node is None:
         return StorePool(1, 10)
-    pool = Mapping(node, problems, {"min_size", "max_size"})
+    pool = Mapping(
+        node,
+        problems,
+        {"min_size", "max_size", "statement_cache", "acquire_timeout_s", "command_timeout_s"},
+    )
     low = pool.number("min_size", default=1, minimum=0, integer=True)
     high = pool.number("max_size", default=10, minimum=1, integer=True)
-    if low is None or high is None:
+    statement_cache = pool.flag("statement_cache", True)
+    acquire_timeout_s = pool.number("acquire_timeout_s", default=5.0, minimum=0.001)
+    command_timeout_s = pool.number("command_timeout_s", default=30.0, minimum=0.001)
+    if low is None or high is None or acquire_timeout_s is None or command_timeout_s is None:
         return StorePool(1, 10)
     if low > high:
         problems.add(node, f"min_size ({low}) is above max_size ({high})")
-    return StorePool(low, high)
+    return StorePool(low, high, statement_cache, float(acquire_timeout_s), float(command_timeout_s))
 
 
 def _parse_leases(root: Mapping, problems: Problems) -> LeaseBounds:
@@ -415,21 +434,29 @@ def _parse_retention(root: Mapping, problems: Problems, routes: tuple[Route, ...
 
 
 def _parse_limits(root: Mapping, problems: Problems) -> Limits:
-    """`limits: {header_timeout_s, body_timeout_s, max_requests}`."""
+    """`limits: {header_timeout_s, body_timeout_s, max_requests, max_connections}`."""
     default = Limits()
     node = root.child("limits")
     if node is None:
         return default
-    block = Mapping(node, problems, {"header_timeout_s", "body_timeout_s", "max_requests"})
+    block = Mapping(
+        node,
+        problems,
+        {"header_timeout_s", "body_timeout_s", "max_requests", "max_connections"},
+    )
     if not block.valid:
         return default
     header = block.number("header_timeout_s", default=default.header_timeout_s, minimum=0.001)
     body = block.number("body_timeout_s", default=default.body_timeout_s, minimum=0.001)
     most = block.number("max_requests", default=default.max_requests, minimum=1, integer=True)
+    connections = block.number(
+        "max_connections", default=default.max_connections, minimum=1, integer=True
+    )
     return Limits(
         float(header) if header is not None else default.header_timeout_s,
         float(body) if body is not None else default.body_timeout_s,
         most if isinstance(most, int) else default.max_requests,
+        connections if isinstance(connections, int) else default.max_connections,
     )
 
 

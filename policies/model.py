@@ -49,10 +49,18 @@ class Listen:
 
 @dataclass(frozen=True)
 class StorePool:
-    """PostgreSQL connection pool size per proxy process."""
+    """PostgreSQL connection pool per proxy process: its size; whether statements are
+    prepared once per connection and kept (`statement_cache`: off behind a pooler in
+    transaction mode, where a prepared statement's name means different things on
+    different server connections); how long a request waits for a free connection
+    (`acquire_timeout_s`) and for one statement (`command_timeout_s`) before the store
+    counts as unavailable."""
 
     min_size: int
     max_size: int
+    statement_cache: bool = True
+    acquire_timeout_s: float = 5.0
+    command_timeout_s: float = 30.0
 
 
 DAY_S = 86400.0
@@ -84,12 +92,16 @@ class LeaseBounds:
 @dataclass(frozen=True)
 class Limits:
     """What one client may hold of the proxy: seconds to send the request headers
-    (from the connection's start or the previous answer) and then the body, and how
-    many proxied requests are handled at once."""
+    (from the connection's start or the previous answer) and then the body, how
+    many proxied requests are handled at once, and how many connections are open."""
 
     header_timeout_s: float = 15.0
     body_timeout_s: float = 30.0
     max_requests: int = 1024
+    # Past it the connection waiting longest for a request head is closed
+    # (proxy/connections.py); above max_requests, so that each request in flight can
+    # hold its connection and workers still have room to connect.
+    max_connections: int = 1280
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,7 @@ def build_app(
         os.environ if environ is None else environ,
     )
     if store is None:
-        pool = (policy.store_pool.min_size, policy.store_pool.max_size)
-        store = open_store(policy.store, clock, default_instance_id(policy), pool)
+        store = open_store(policy.store, clock, default_instance_id(policy), policy.store_pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
     runtime = Runtime(policy, store, identity=identity)
     runtime.metrics.watch_leases(
@@ -346,7 +345,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         # Counted, not recorded: the store is what does not answer.
         runtime_of(request).metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
         return problem(
-            ErrorCode.STORE_UNAVAILABLE, "the lease store did not answer; nothing was done"
+            ErrorCode.STORE_UNAVAILABLE,
+            "the lease store did not answer or refused (try again); nothing was done",
         )
     except web.HTTPException as exc:
         if exc.status == 405:

@@ -21,13 +21,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import web
-
 from core.leasing_advice import Advice, recommendation
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
-from proxy import operations
+from proxy import connections, operations
 from proxy.app import build_app, default_instance_id, new_instance_id
 from proxy.auth import (
     KeyProblem,
@@ -42,13 +40,15 @@ from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefuse
 from proxy.runtime import RUNTIME
 from proxy.terminal import printable
 from reconcile.prober import ProbeResult
-from store import Store, StoreError, open_store
+from store import Store, StoreError, check_server, open_store
 from store.files import backup_sqlite, schema_versions
 
 T = TypeVar("T")
 
 # aiohttp refuses oversized headers with a plain-text 400 before any handler runs;
 # its limits sit above the proxy's own so that clients get a problem+json instead.
+# `serve` counts each head before aiohttp keeps it (proxy/connections.py), so a head
+# never grows to these in aiohttp's parser.
 PARSER_LIMITS = {"max_line_size": 65536, "max_field_size": 65536, "max_headers": 256}
 
 
@@ -290,7 +290,9 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]])
     policy = _policy(args)
 
     async def run() -> T:
-        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}", (1, 2))
+        # Two connections, with the policy's cache and timeouts (a pooler's mode).
+        pool = dataclasses.replace(policy.store_pool, min_size=1, max_size=2)
+        store = open_store(policy.store, time.time, f"cli:{new_instance_id()}", pool)
         await store.open()
         try:
             return await work(store)
@@ -334,6 +336,8 @@ def _serve(args: argparse.Namespace) -> int:
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen
         _check_free(metrics.host, metrics.port, "metrics_listen.port")
+    # Before the banner: a standby or a read-only database is refused, not started on.
+    asyncio.run(check_server(policy.store, policy.store_pool))
     for warning in [exposure_warning(policy), *blank_admin_token_warnings(policy, os.environ)]:
         if warning is not None:
             print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
@@ -349,15 +353,17 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        web.run_app(
-            app,
-            host=policy.listen.host,
-            port=policy.listen.port,
-            print=None,
-            access_log=None,
-            shutdown_timeout=args.grace,
-            ssl_context=server_context(tls) if tls is not None else None,
-            **server_options(policy),
+        asyncio.run(
+            connections.serve(
+                app,
+                host=policy.listen.host,
+                port=policy.listen.port,
+                ssl_context=server_context(tls) if tls is not None else None,
+                grace_s=args.grace,
+                max_connections=policy.limits.max_connections,
+                metrics=app[RUNTIME].metrics,
+                server_options=server_options(policy),
+            )
         )
     except OSError as exc:
         # Taken between the check above and the bind: still one line, not a traceback.
@@ -412,7 +418,7 @@ def _check_config(args: argparse.Namespace) -> int:
     fenced = sum(route.fenced for route in policy.routes)
     print(
         f"{path}: ok ({_count(len(policy.routes), 'route')}, {fenced} fenced, store {policy.store}"
-        f"{_tls_summary(policy)})"
+        f"{_tls_summary(policy)}, max {policy.limits.max_connections} connections)"
     )
     for line in _refused_characters(policy):
         print(line)

@@ -28,6 +28,8 @@ TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 # take a lease on any name, so past this many prefixes the rest are counted as "*".
 MAX_PREFIX_LABELS = 20
 LEASE_ENDINGS = (Ending.RELEASED, Ending.REVOKED, Ending.SUPERSEDED)
+# The `how` label of fenceproxy_connections_shed_total (proxy/connections.py).
+SHED_HOW = ("evicted", "refused")
 
 
 class Metrics:
@@ -126,6 +128,20 @@ class Metrics:
             registry=self.registry,
         )
         self._round_trips_seen = 0
+        self.open_connections = Gauge(
+            "fenceproxy_open_connections",
+            "Client connections open on the proxy's listener (against limits.max_connections)",
+            registry=self.registry,
+        )
+        self.connections_shed = Counter(
+            "fenceproxy_connections_shed",
+            "Client connections closed to stay within limits.max_connections, by how "
+            "(evicted: the one waiting longest for a request head; refused: a new one)",
+            ["how"],
+            registry=self.registry,
+        )
+        for how in SHED_HOW:
+            self.connections_shed.labels(how)
 
         # prometheus-client's labels() takes a lock and builds a key on every call;
         # the label sets are few (routes x outcomes, codes), so keep the children.

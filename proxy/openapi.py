@@ -393,6 +393,19 @@ def _ttl(leases: LeaseBounds | None) -> dict[str, Any]:
     }
 
 
+# Members some problems carry beyond RFC 9457's, for a client to act on.
+_PROBLEM_EXTENSIONS: dict[ErrorCode, dict[str, Any]] = {
+    ErrorCode.LEASE_TOO_SHORT: {
+        "needed_s": {
+            "type": "number",
+            "description": "seconds the lease must have left for this route (its upstream"
+            " timeout): renew to at least this, then send again",
+        },
+        "remaining_s": {"type": "number", "description": "seconds the lease had left"},
+    },
+}
+
+
 def _problem_schema() -> dict[str, Any]:
     """RFC 9457 problem+json; one `oneOf` branch per code pins its status and title."""
     return {
@@ -413,6 +426,7 @@ def _problem_schema() -> dict[str, Any]:
                     "code": {"const": code.value},
                     "status": {"const": code.status},
                     "title": {"const": code.problem_title},
+                    **_PROBLEM_EXTENSIONS.get(code, {}),
                 },
             }
             for code in ErrorCode

@@ -11,11 +11,10 @@ from core.codes import ErrorCode
 from core.records import Refusal
 
 PROBLEM_TYPE_BASE = "https://fenceproxy.dev/problems/"
+STORE_RETRY_AFTER_S = "1"
 
 
-def problem(
-    code: ErrorCode, detail: str, headers: dict[str, str] | None = None, **context: Any
-) -> web.Response:
+def problem_document(code: ErrorCode, detail: str, **context: Any) -> bytes:
     body = {
         "type": PROBLEM_TYPE_BASE + code,
         "title": code.problem_title,
@@ -24,9 +23,19 @@ def problem(
         "code": code,
         **{key: value for key, value in context.items() if value is not None},
     }
+    return json.dumps(body).encode()
+
+
+def problem(
+    code: ErrorCode, detail: str, headers: dict[str, str] | None = None, **context: Any
+) -> web.Response:
+    if code is ErrorCode.STORE_UNAVAILABLE:
+        # Whatever made the store unavailable (a refusal, a full pool, a failover),
+        # the worker's answer is the same: the same request again, a second later.
+        headers = {"Retry-After": STORE_RETRY_AFTER_S, **(headers or {})}
     return web.Response(
         status=code.status,
-        body=json.dumps(body).encode(),
+        body=problem_document(code, detail, **context),
         content_type="application/problem+json",
         headers=headers,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from policies.model import StorePool
 from policies.store_backends import StoreBackend, store_backend
 from store.base import Connector, StoreError, StoreUnavailable
 from store.manager import (
@@ -20,36 +21,46 @@ from store.manager import (
     StoreIdentity,
 )
 from store.postgres import PostgresConnector
+from store.postgres import check_server as check_postgres_server
 from store.sqlite import SQLiteConnector
 
 Clock = Callable[[], float]
+DEFAULT_POOL = StorePool(1, 10)
 
 
-def _sqlite(url: str, clock: Clock, pool: tuple[int, int]) -> Connector:
+def _sqlite(url: str, clock: Clock, pool: StorePool) -> Connector:
     return SQLiteConnector(url, clock)
 
 
-def _postgresql(url: str, clock: Clock, pool: tuple[int, int]) -> Connector:
-    return PostgresConnector(url, *pool)
+def _postgresql(url: str, clock: Clock, pool: StorePool) -> Connector:
+    return PostgresConnector(url, pool)
 
 
 # One connector for each backend the policy's store URL can name.
-CONNECTORS: dict[StoreBackend, Callable[[str, Clock, tuple[int, int]], Connector]] = {
+CONNECTORS: dict[StoreBackend, Callable[[str, Clock, StorePool], Connector]] = {
     StoreBackend.SQLITE: _sqlite,
     StoreBackend.POSTGRESQL: _postgresql,
 }
 
 
-def open_store(url: str, clock: Clock, instance_id: str, pool: tuple[int, int] = (1, 10)) -> Store:
+def open_store(url: str, clock: Clock, instance_id: str, pool: StorePool = DEFAULT_POOL) -> Store:
     """A Store for `url`; call `await store.open()` before use.
 
     `clock` is SQLite's notion of time; PostgreSQL uses the database's clock.
-    `pool` is the (min, max) size of PostgreSQL's connection pool.
+    `pool` is PostgreSQL's connection pool (`store_pool`).
     """
     backend = store_backend(url)
     if backend is None:
         raise StoreError(f"no store backend for {url.partition(':')[0]!r}")
     return Store(CONNECTORS[backend](url, clock, pool), instance_id)
+
+
+async def check_server(url: str, pool: StorePool) -> None:
+    """Raise a `StoreError` saying why, for a server the store must never write to (a
+    PostgreSQL standby, a read-only database, a transaction pooler with the statement
+    cache on); before `serve` says it started. Nothing to check for SQLite."""
+    if store_backend(url) is StoreBackend.POSTGRESQL:
+        await check_postgres_server(url, pool)
 
 
 __all__ = [
@@ -66,5 +77,6 @@ __all__ = [
     "StoreError",
     "StoreIdentity",
     "StoreUnavailable",
+    "check_server",
     "open_store",
 ]

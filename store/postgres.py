@@ -11,7 +11,8 @@ that locks and reads (`own_clock`: it answers the time and the store id itself),
 one write, COMMIT; its receipt one statement that is its own transaction
 (`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
 
-Driver errors are translated here: nothing above the store sees asyncpg.
+Driver errors are translated here, by what store/sqlstate.py says they mean: nothing
+above the store sees asyncpg.
 """
 
 from __future__ import annotations
@@ -23,27 +24,16 @@ from typing import Any
 
 import asyncpg
 
+from policies.model import StorePool
+from store import sqlstate
 from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.queries import load_migrations, load_queries
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3
-# Everything the driver raises when the connection, not the statement, failed: a
-# connection terminated mid-statement can surface as any of these (a killed backend
-# has been seen to raise InternalClientError "cannot switch to state 15"). All of them
-# mean "the store did not answer": nothing above the store may see them as a bug.
-_CONNECTION_LOST: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.ConnectionDoesNotExistError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CannotConnectNowError,
-)
-_OPEN_FAILED: tuple[type[BaseException], ...] = (*_CONNECTION_LOST, asyncpg.PostgresError)
 MIGRATION_LOCK = 7431000
+# A migration rewrites whole tables: not bound by store_pool.command_timeout_s.
+MIGRATION_TIMEOUT_S = 24 * 3600.0
 # The authority's clock: the database's, shared by every replica (see store_meta); and,
 # in the same round trip, the store's id, so that every transaction checks it is still
 # talking to the store it opened: a database dropped and created again behind the same
@@ -72,7 +62,9 @@ class RoundTrips:
     """Every exchange with the server a connector's connections made: each statement,
     BEGIN, COMMIT and ROLLBACK (asyncpg sends each as one message and waits for its
     answer). Not counted: preparing a statement, once per connection per statement
-    (asyncpg caches it), and opening connections. Read by the bench and the tests."""
+    (asyncpg caches it), or before every execution with `store_pool.statement_cache`
+    off (one more exchange per statement), and opening connections. Read by the bench
+    and the tests."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -113,9 +105,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """A pooled connection's reset: nothing. asyncpg's default sends a reset query on
     every release (a round trip per transaction); this store leaves nothing in a
     session to reset: no LISTEN, no cursors or prepared statements of its own, no
-    settings, and transaction-level advisory locks only (migrate's session lock is
-    released in its `finally`). A transaction left open is rolled back by asyncpg
-    before this is called."""
+    settings, and transaction-level advisory locks only (the migrations' too), which
+    also keeps a pooler in transaction mode free to move the session between server
+    connections. A transaction left open is rolled back by asyncpg before this is
+    called."""
 
 
 class PostgresTx:
@@ -157,11 +150,92 @@ class PostgresTx:
         return int(last) if last.isdigit() else 0
 
 
+async def check_server(url: str, pool: StorePool) -> None:
+    """Refuse, with a `StoreError` that says why, a server this store must not write
+    to: a hot standby, a read-only database, or a pooler in transaction mode while
+    `store_pool.statement_cache` is on. A server that cannot be reached is not refused
+    here: opening the store says that."""
+    try:
+        first = await _probe_connection(url, pool)
+    except sqlstate.FAILURES:
+        return
+    try:
+        await _refuse_read_only(first)
+        if pool.statement_cache:
+            await _refuse_transaction_pooler(url, pool, first)
+    except sqlstate.FAILURES:
+        return
+    finally:
+        await _close_probe(first)
+
+
+async def _refuse_read_only(conn: asyncpg.Connection) -> None:
+    row = await conn.fetchrow(
+        "SELECT pg_is_in_recovery() AS standby,"
+        " current_setting('transaction_read_only') = 'on' AS read_only"
+    )
+    assert row is not None
+    if row["standby"]:
+        raise StoreError(
+            "this is a standby: the PostgreSQL server of the store URL is a hot standby "
+            "(in recovery) and takes no writes; point `store` at the primary"
+        )
+    if row["read_only"]:
+        raise StoreError(
+            "the PostgreSQL database of the store URL is read-only "
+            "(default_transaction_read_only is on): it takes no writes"
+        )
+
+
+# How many times two client connections compare their server backends.
+POOLER_PROBES = 3
+
+
+async def _probe_connection(url: str, pool: StorePool) -> asyncpg.Connection:
+    return await asyncpg.connect(
+        url,
+        statement_cache_size=0,
+        timeout=pool.command_timeout_s,
+        command_timeout=pool.command_timeout_s,
+    )
+
+
+async def _refuse_transaction_pooler(url: str, pool: StorePool, first: asyncpg.Connection) -> None:
+    """Two client connections open at once have two server backends, unless a pooler
+    hands one server connection to each in turn between their transactions: that is
+    transaction (or statement) pooling, where asyncpg's named statements collide. A
+    busy pooler may hand out another idle server connection, so this can miss one;
+    it never accuses a direct connection or a session pooler."""
+    second = await _probe_connection(url, pool)
+    try:
+        for _ in range(POOLER_PROBES):
+            mine = await first.fetchval("SELECT pg_backend_pid()")
+            theirs = await second.fetchval("SELECT pg_backend_pid()")
+            if mine == theirs:
+                raise StoreError(
+                    "the store URL reaches PostgreSQL through a pooler in transaction "
+                    "mode (two connections were served by one server backend), where "
+                    "prepared statements collide: set store_pool.statement_cache: false"
+                )
+    finally:
+        await _close_probe(second)
+
+
+async def _close_probe(conn: asyncpg.Connection) -> None:
+    """Politely if the server answers, else at once: a probe that timed out must not
+    hang the startup on its goodbye."""
+    try:
+        await conn.close(timeout=1.0)
+    except sqlstate.FAILURES:
+        conn.terminate()
+
+
 class PostgresConnector:
-    def __init__(self, url: str, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(self, url: str, pool: StorePool | None = None) -> None:
         self.url = url
-        self.min_size = min_size
-        self.max_size = max_size
+        self.pool = pool if pool is not None else StorePool(1, 10)
+        self.min_size = self.pool.min_size
+        self.max_size = self.pool.max_size
         self._queries = {
             name: to_positional(sql) for name, sql in load_queries("postgres.sql").items()
         }
@@ -172,11 +246,17 @@ class PostgresConnector:
         self.lost: str | None = None
 
     async def open(self) -> None:
+        await check_server(self.url, self.pool)
         try:
             self._pool = await asyncpg.create_pool(
                 self.url,
                 min_size=self.min_size,
                 max_size=self.max_size,
+                # 0: unnamed statements, parsed again for every execution (one more
+                # round trip each), which a transaction-mode pooler cannot mix up.
+                statement_cache_size=100 if self.pool.statement_cache else 0,
+                command_timeout=self.pool.command_timeout_s,
+                timeout=self.pool.command_timeout_s,
                 connection_class=CountingConnection,
                 init=self._count_round_trips,
                 reset=_keep_session,
@@ -184,9 +264,11 @@ class PostgresConnector:
             await self.migrate()
             self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
             self.lost = None
-        except _OPEN_FAILED as exc:
+        except sqlstate.FAILURES as exc:
             await self.close()
-            raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
+            raise StoreUnavailable(
+                f"cannot open the PostgreSQL store: {sqlstate.describe(exc)}"
+            ) from exc
 
     async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
         assert isinstance(conn, CountingConnection)
@@ -198,32 +280,30 @@ class PostgresConnector:
             self._pool = None
 
     async def migrate(self) -> list[int]:
-        """Apply missing migrations, one replica at a time; returns the versions applied."""
+        """Apply missing migrations, one replica at a time; returns the versions applied.
+        All of them in one transaction, under a transaction-level advisory lock: a lock
+        that outlived its transaction would be held by whichever client a pooler in
+        transaction mode gives that server connection to next."""
         assert self._pool is not None
         applied_now = []
-        async with self._pool.acquire() as conn:
-            await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
-            try:
+        acquired = self._pool.acquire(timeout=self.pool.acquire_timeout_s)
+        async with acquired as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in load_migrations("postgresql"):
+                if version in done:
+                    continue
+                await conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                 await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
-                    " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    version,
+                    name,
                 )
-                done = {
-                    r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")
-                }
-                for version, name, sql in load_migrations("postgresql"):
-                    if version in done:
-                        continue
-                    async with conn.transaction():
-                        await conn.execute(sql)
-                        await conn.execute(
-                            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                            version,
-                            name,
-                        )
-                    applied_now.append(version)
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+                applied_now.append(version)
         return applied_now
 
     def _lose(self, what: str) -> str:
@@ -266,7 +346,7 @@ class PostgresConnector:
             raise StoreUnavailable(self.lost)
         for attempt in range(RETRIES):
             try:
-                async with self._pool.acquire() as conn:
+                async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
                     if not transaction:
                         return await operation(
                             PostgresTx(conn, self._queries, math.nan, self._identify)
@@ -280,15 +360,18 @@ class PostgresConnector:
                         assert row is not None
                         now = float(row["now"])
                         return await operation(PostgresTx(conn, self._queries, now))
-            except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
-                if attempt == RETRIES - 1:
-                    raise StoreUnavailable("the transaction kept conflicting; try again") from None
-            except _CONNECTION_LOST as exc:
-                raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
                 # The schema is gone under the open pool (the database was recreated),
                 # its functions (migration 0013) with it.
                 raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
-            except asyncpg.PostgresError as exc:
+            except sqlstate.FAILURES as exc:
+                if sqlstate.should_retry(exc):
+                    if attempt < RETRIES - 1:
+                        continue
+                    raise StoreUnavailable("the transaction kept conflicting; try again") from None
+                if sqlstate.unavailable(exc):
+                    raise StoreUnavailable(
+                        f"PostgreSQL did not answer or refused: {sqlstate.describe(exc)}"
+                    ) from exc
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
         raise AssertionError("unreachable")

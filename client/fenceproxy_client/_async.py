@@ -19,14 +19,19 @@ from fenceproxy_client._common import (
     RETRIED_WHEN_WAITING,
     SETTLE_POLL_S,
     SETTLED_STATES,
+    Cert,
     Grant,
+    LeaseNeeds,
     LeaseState,
     Step,
-    admin_headers,
+    Verify,
+    bearer,
     checked,
     fenced_headers,
     logger,
+    reader_headers,
     retry_delay,
+    tls_settings,
 )
 
 # Called once when the lease is known lost; it may be a coroutine function.
@@ -42,15 +47,26 @@ class AsyncFenceClient:
         *,
         timeout_s: float = 10.0,
         admin_token: str | None = None,
+        api_key: str | None = None,
+        verify: Verify = True,
+        cert: Cert | None = None,
         trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._admin_token = admin_token
+        # The client key goes on lease calls and reads only, never on a fenced
+        # write: that would hand it to the upstream.
+        self._api_key = api_key
+        self._needs = LeaseNeeds()
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
         self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, transport=transport, trust_env=trust_env
+            base_url=base_url,
+            timeout=timeout_s,
+            verify=tls_settings(verify, cert, trust_env),
+            transport=transport,
+            trust_env=trust_env,
         )
 
     def __repr__(self) -> str:
@@ -80,9 +96,12 @@ class AsyncFenceClient:
         renew: bool = False,
         progress_timeout_s: float | None = None,
         on_lost: AsyncOnLost | None = None,
+        cancel_on_lost: bool = False,
     ) -> AsyncLeaseScope:
         """An async context manager: acquires on entry, releases (and stops renewing)
-        on exit."""
+        on exit. With `cancel_on_lost`, the block is a cancel scope: once the lease is
+        known lost (seen by the renewer, or its ttl ran out), the task running the block
+        is cancelled, and the `async with` raises `errors.LeaseLost` in its place."""
         return AsyncLeaseScope(
             lambda: self.acquire(
                 resource,
@@ -92,7 +111,8 @@ class AsyncFenceClient:
                 renew=renew,
                 progress_timeout_s=progress_timeout_s,
                 on_lost=on_lost,
-            )
+            ),
+            cancel_on_lost,
         )
 
     async def acquire(
@@ -114,7 +134,9 @@ class AsyncFenceClient:
         attempt = 0
         while True:
             sent_at = time.monotonic()
-            response = await self._http.post(f"{API}/leases", json=body)
+            response = await self._http.post(
+                f"{API}/leases", json=body, headers=bearer(self._api_key)
+            )
             try:
                 checked(response, True, time.time())
             except errors.FenceError as refused:
@@ -132,7 +154,9 @@ class AsyncFenceClient:
 
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """See `FenceClient.wait_settled`."""
-        return await self._wait_settled(effect_id, timeout_s, admin_headers(self._admin_token))
+        return await self._wait_settled(
+            effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
+        )
 
     async def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
@@ -149,13 +173,17 @@ class AsyncFenceClient:
     async def _renew(self, token: str, ttl_s: float) -> Grant:
         sent_at = time.monotonic()
         response = await self._http.post(
-            f"{API}/leases/renew", json={"ttl_s": ttl_s}, headers={"Fence-Token": token}
+            f"{API}/leases/renew",
+            json={"ttl_s": ttl_s},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         return Grant.read(checked(response, True, time.time()).json(), sent_at)
 
     async def _release(self, token: str) -> None:
         response = await self._http.post(
-            f"{API}/leases/release", json={}, headers={"Fence-Token": token}
+            f"{API}/leases/release",
+            json={},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         checked(response, True, time.time())
 
@@ -169,12 +197,17 @@ class AsyncLeaseScope:
     """What `AsyncFenceClient.lease` returns: `async with` acquires, and releases on the
     way out."""
 
-    def __init__(self, acquire: Callable[[], Awaitable[AsyncLease]]) -> None:
+    def __init__(
+        self, acquire: Callable[[], Awaitable[AsyncLease]], cancel_on_lost: bool = False
+    ) -> None:
         self._acquire = acquire
+        self._cancel_on_lost = cancel_on_lost
         self._lease: AsyncLease | None = None
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._acquire()
+        if self._cancel_on_lost:
+            self._lease._cancel_when_lost(asyncio.current_task())
         return self._lease
 
     async def __aexit__(
@@ -184,7 +217,12 @@ class AsyncLeaseScope:
         traceback: TracebackType | None,
     ) -> None:
         assert self._lease is not None
+        # As asyncio.timeout does: the cancellation this scope asked for ends here, as
+        # LeaseLost; any other (the caller's own) goes on.
+        cancelled_here = self._lease._stop_cancelling()
         await self._lease.__aexit__(exc_type, exc, traceback)
+        if cancelled_here and exc_type is asyncio.CancelledError:
+            raise self._lease._lost_error() from exc
 
 
 class AsyncLease:
@@ -205,6 +243,9 @@ class AsyncLease:
         self._state = LeaseState(grant, ttl_s, renew, progress_timeout_s, time.monotonic())
         self._on_lost = on_lost
         self._stop = asyncio.Event()
+        # The task running a `cancel_on_lost` block, and whether it was cancelled.
+        self._cancel_target: asyncio.Task[Any] | None = None
+        self._cancelled_target = False
         self._renewer: asyncio.Task[None] | None = None
         if renew or on_lost is not None:
             self._renewer = asyncio.get_running_loop().create_task(
@@ -274,15 +315,41 @@ class AsyncLease:
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:
             extra["timeout"] = timeout_s
-        response = await self._client._request(
-            method, path, fenced_headers(self.token, idempotency_key, headers), **extra
-        )
+        sent = fenced_headers(self.token, idempotency_key, headers)
+        needs = self._client._needs
+        if self._state.should_renew_for(needs.needed(method, path), time.monotonic()):
+            await self.renew()
+        try:
+            return await self._send(method, path, sent, raise_for_status, extra)
+        except errors.LeaseTooShort as refused:
+            # Nothing was sent upstream, so sending once more after a renewal is safe.
+            # A ttl shorter than the route needs cannot be helped by renewing.
+            if not self._state.should_renew_for(
+                needs.learn(method, path, refused), time.monotonic()
+            ):
+                raise
+            await self.renew()
+        return await self._send(method, path, sent, raise_for_status, extra)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        raise_for_status: bool,
+        extra: dict[str, Any],
+    ) -> httpx.Response:
+        response = await self._client._request(method, path, headers, **extra)
         try:
             return checked(response, raise_for_status, time.time())
         except errors.FenceError as refused:
             if refused.code in ("stale_epoch", "lease_expired"):
                 await self._lose(f"a request was refused: {refused.code}")
             raise
+
+    def check(self) -> None:
+        """See `Lease.check`."""
+        self._state.check(time.monotonic())
 
     def progress(self) -> None:
         """See `Lease.progress`."""
@@ -315,7 +382,36 @@ class AsyncLease:
         if self._state.lose(why):
             await self._call_on_lost()
 
+    def _cancel_when_lost(self, task: asyncio.Task[Any] | None) -> None:
+        self._cancel_target = task
+        if self._renewer is None:  # not renewed: watched only to tell when it expires
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"fence-renew-{self.resource}"
+            )
+
+    def _stop_cancelling(self) -> bool:
+        """Detach the block's task; True if it was cancelled for the lost lease (that
+        cancellation request is withdrawn: it is answered by LeaseLost instead)."""
+        target, self._cancel_target = self._cancel_target, None
+        if self._cancelled_target and target is not None:
+            target.uncancel()
+            return True
+        return False
+
+    def _lost_error(self) -> errors.LeaseLost:
+        try:
+            self._state.check(time.monotonic())
+        except errors.LeaseLost as lost:
+            return lost
+        return errors.LeaseLost(self.resource, self.epoch, "lost")
+
     async def _call_on_lost(self) -> None:
+        # The block's own task learns it from the refusal it is raising; cancelling it
+        # as well would leave a stray cancellation on it.
+        target = self._cancel_target
+        if target is not None and target is not asyncio.current_task() and not target.done():
+            self._cancelled_target = True
+            target.cancel(f"the lease on {self.resource} is lost")
         if self._on_lost is None:
             return
         try:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import os
 import secrets
+import ssl
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,10 +115,48 @@ def fenced_headers(
     return sent
 
 
-def admin_headers(admin_token: str | None) -> dict[str, str]:
-    if admin_token is None:
-        raise ValueError("reading an effect without a lease needs the client's admin_token")
-    return {"Authorization": f"Bearer {admin_token}"}
+def bearer(key: str | None) -> dict[str, str]:
+    """The client key's header for a lease call (none without a key)."""
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def reader_headers(admin_token: str | None, api_key: str | None) -> dict[str, str]:
+    """Reading an effect without a lease: the admin token, else the client key (whose
+    client needs the `read` right on the effect's resource)."""
+    key = admin_token if admin_token is not None else api_key
+    if key is None:
+        raise ValueError(
+            "reading an effect without a lease needs the client's admin_token or api_key"
+        )
+    return bearer(key)
+
+
+# What `verify=` and `cert=` take, as httpx spells them: a CA bundle (file or folder),
+# an SSLContext or a bool; a client certificate as a PEM file holding the key too, or
+# (certificate, key) or (certificate, key, password).
+Verify = ssl.SSLContext | str | os.PathLike[str] | bool
+Cert = str | os.PathLike[str] | tuple[str, str] | tuple[str, str, str]
+
+
+def tls_settings(verify: Verify, cert: Cert | None, trust_env: bool) -> ssl.SSLContext | bool:
+    """What httpx is given as `verify`. httpx deprecates a path in `verify` and
+    `cert=` itself (a DeprecationWarning on every client), so both are turned into
+    an SSLContext here."""
+    if cert is None and (isinstance(verify, ssl.SSLContext | bool)):
+        return verify
+    if isinstance(verify, ssl.SSLContext):
+        raise ValueError("with verify=<SSLContext>, load the client certificate into it")
+    if isinstance(verify, bool):
+        context = httpx.create_ssl_context(verify=verify, trust_env=trust_env)
+    elif os.path.isdir(verify):
+        context = ssl.create_default_context(capath=verify)
+    else:
+        context = ssl.create_default_context(cafile=verify)
+    if isinstance(cert, tuple):
+        context.load_cert_chain(*cert)
+    elif cert is not None:
+        context.load_cert_chain(cert)
+    return context
 
 
 @dataclass(frozen=True)
@@ -145,6 +185,36 @@ class Grant:
             ttl_s=ttl_s,
             local_expiry=sent_at + ttl_s,
         )
+
+
+class LeaseNeeds:
+    """How long a lease must have left for a fenced request to be admitted, as the
+    proxy said in `lease_too_short` (`needed_s`: the route's upstream timeout), per
+    method and path. Shared by a client's leases, so the next lease on the same path
+    renews before its write instead of being refused first. Bounded: the oldest
+    entry is forgotten first (and learnt again from one refusal)."""
+
+    MAX_REMEMBERED = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._needed_s: dict[tuple[str, str], float] = {}
+
+    def learn(self, method: str, path: str, refusal: errors.FenceError) -> float | None:
+        needed = refusal.problem.get("needed_s")
+        if not isinstance(needed, int | float) or isinstance(needed, bool):
+            return None  # a proxy too old to say
+        key = (method.upper(), path)
+        with self._lock:
+            self._needed_s.pop(key, None)
+            if len(self._needed_s) >= self.MAX_REMEMBERED:
+                del self._needed_s[next(iter(self._needed_s))]
+            self._needed_s[key] = float(needed)
+        return float(needed)
+
+    def needed(self, method: str, path: str) -> float | None:
+        with self._lock:
+            return self._needed_s.get((method.upper(), path))
 
 
 class Step(Enum):
@@ -178,15 +248,35 @@ class LeaseState:
         self.last_progress = now
         self.next_renewal = now + ttl_s / 3
         self.lost = False
+        self.why_lost = ""
         self.released = False
 
     def is_lost(self, now: float) -> bool:
         with self._lock:
             return self.lost or (not self.released and now >= self.grant.local_expiry)
 
+    def check(self, now: float) -> None:
+        """Raise LeaseLost if the lease is known to be gone."""
+        with self._lock:
+            lost, why = self.lost, self.why_lost
+            if not lost and not self.released and now >= self.grant.local_expiry:
+                lost, why = True, "it expired without a renewal"
+            grant = self.grant
+        if lost:
+            raise errors.LeaseLost(grant.resource, grant.epoch, why)
+
     def progress(self, now: float) -> None:
         with self._lock:
             self.last_progress = now
+
+    def should_renew_for(self, needed_s: float | None, now: float) -> bool:
+        """Whether to renew before a request whose route needs `needed_s` left on the
+        lease: when less is left by the local clock (which ends the lease no later than
+        the proxy's) and a renewal to this lease's ttl would give enough."""
+        if needed_s is None:
+            return False
+        with self._lock:
+            return self.grant.local_expiry - now < needed_s <= self.ttl_s
 
     def renewed(self, grant: Grant, now: float) -> None:
         with self._lock:
@@ -207,6 +297,7 @@ class LeaseState:
             if self.lost or self.released:
                 return False
             self.lost = True
+            self.why_lost = why
         logger.warning(
             "lease on %s (holder %s, epoch %d) lost: %s",
             self.grant.resource,

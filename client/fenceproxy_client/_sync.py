@@ -17,14 +17,19 @@ from fenceproxy_client._common import (
     RETRIED_WHEN_WAITING,
     SETTLE_POLL_S,
     SETTLED_STATES,
+    Cert,
     Grant,
+    LeaseNeeds,
     LeaseState,
     Step,
-    admin_headers,
+    Verify,
+    bearer,
     checked,
     fenced_headers,
     logger,
+    reader_headers,
     retry_delay,
+    tls_settings,
 )
 
 OnLost = Callable[[], object]
@@ -39,15 +44,26 @@ class FenceClient:
         *,
         timeout_s: float = 10.0,
         admin_token: str | None = None,
+        api_key: str | None = None,
+        verify: Verify = True,
+        cert: Cert | None = None,
         trust_env: bool = False,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._admin_token = admin_token
+        # The client key goes on lease calls and reads only, never on a fenced
+        # write: that would hand it to the upstream.
+        self._api_key = api_key
+        self._needs = LeaseNeeds()
         # No retries at any layer: a write the client sent twice could happen twice.
         # The environment's proxies (HTTP_PROXY, ...) and .netrc are ignored unless
         # asked for: the sidecar is local, and every call carries a lease's token.
         self._http = httpx.Client(
-            base_url=base_url, timeout=timeout_s, transport=transport, trust_env=trust_env
+            base_url=base_url,
+            timeout=timeout_s,
+            verify=tls_settings(verify, cert, trust_env),
+            transport=transport,
+            trust_env=trust_env,
         )
 
     def __repr__(self) -> str:
@@ -112,7 +128,7 @@ class FenceClient:
         attempt = 0
         while True:
             sent_at = time.monotonic()
-            response = self._http.post(f"{API}/leases", json=body)
+            response = self._http.post(f"{API}/leases", json=body, headers=bearer(self._api_key))
             try:
                 checked(response, True, time.time())
             except errors.FenceError as refused:
@@ -131,7 +147,9 @@ class FenceClient:
     def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """Poll the effect (with the admin token) until reconciliation settles it:
         COMMITTED or NOT_COMMITTED. TimeoutError if it is still in doubt at `timeout_s`."""
-        return self._wait_settled(effect_id, timeout_s, admin_headers(self._admin_token))
+        return self._wait_settled(
+            effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
+        )
 
     def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
@@ -148,12 +166,18 @@ class FenceClient:
     def _renew(self, token: str, ttl_s: float) -> Grant:
         sent_at = time.monotonic()
         response = self._http.post(
-            f"{API}/leases/renew", json={"ttl_s": ttl_s}, headers={"Fence-Token": token}
+            f"{API}/leases/renew",
+            json={"ttl_s": ttl_s},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
         )
         return Grant.read(checked(response, True, time.time()).json(), sent_at)
 
     def _release(self, token: str) -> None:
-        response = self._http.post(f"{API}/leases/release", json={}, headers={"Fence-Token": token})
+        response = self._http.post(
+            f"{API}/leases/release",
+            json={},
+            headers={"Fence-Token": token, **bearer(self._api_key)},
+        )
         checked(response, True, time.time())
 
     def _request(
@@ -270,24 +294,57 @@ class Lease:
         content: bytes | str | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
-        """Send a request through the proxy with this lease's token (never retried).
+        """Send a request through the proxy with this lease's token.
 
         Raises the proxy's refusal as its `FenceError`, an upstream's non-2xx answer as
         `UpstreamError` (returned instead with `raise_for_status=False`). It is sent even
         when the lease looks lost here: the proxy decides, not this process's clock.
+
+        Lease sizing: before the request, the lease is renewed when less is left on it
+        than the proxy said this method and path need (`needed_s` of an earlier
+        `lease_too_short`); on `lease_too_short` it is renewed and the request sent
+        once more (nothing reached the upstream). Nothing else is ever sent twice.
         """
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:
             extra["timeout"] = timeout_s
-        response = self._client._request(
-            method, path, fenced_headers(self.token, idempotency_key, headers), **extra
-        )
+        sent = fenced_headers(self.token, idempotency_key, headers)
+        needs = self._client._needs
+        if self._state.should_renew_for(needs.needed(method, path), time.monotonic()):
+            self.renew()
+        try:
+            return self._send(method, path, sent, raise_for_status, extra)
+        except errors.LeaseTooShort as refused:
+            # Nothing was sent upstream, so sending once more after a renewal is safe.
+            # A ttl shorter than the route needs cannot be helped by renewing.
+            if not self._state.should_renew_for(
+                needs.learn(method, path, refused), time.monotonic()
+            ):
+                raise
+            self.renew()
+        return self._send(method, path, sent, raise_for_status, extra)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        raise_for_status: bool,
+        extra: dict[str, Any],
+    ) -> httpx.Response:
+        response = self._client._request(method, path, headers, **extra)
         try:
             return checked(response, raise_for_status, time.time())
         except errors.FenceError as refused:
             if refused.code in ("stale_epoch", "lease_expired"):
                 self._lose(f"a request was refused: {refused.code}")
             raise
+
+    def check(self) -> None:
+        """Raise `errors.LeaseLost` if the lease is known to be gone (see `lost`): call
+        it between steps of work that must not go on without the lease. The sync
+        counterpart of client-go's OnStoppedLeading (a thread cannot be cancelled)."""
+        self._state.check(time.monotonic())
 
     def progress(self) -> None:
         """Say the work is still moving; with `progress_timeout_s`, renewal stops when

@@ -54,6 +54,20 @@ class UpstreamError(Exception):
         )
 
 
+class LeaseLost(Exception):
+    """Raised by the client itself, not by a refusal: the lease is known to be gone
+    (a renewal or a request was refused as stale or expired, or its ttl ran out
+    without a renewal). `lease.check()` raises it in sync code; in an
+    `async with client.lease(..., cancel_on_lost=True)` block the block is cancelled
+    and this is raised from the `async with` in its place."""
+
+    def __init__(self, resource: str, epoch: int, why: str) -> None:
+        self.resource = resource
+        self.epoch = epoch
+        self.why = why
+        super().__init__(f"the lease on {resource} at epoch {epoch} is lost: {why}")
+
+
 class InvalidRequest(FenceError):
     code = "invalid_request"
 

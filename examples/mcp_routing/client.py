@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any, Final
 
 import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from examples.mcp_routing.worker import ProxyAccess
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 POLL_INTERVAL_S: Final = 0.2
@@ -56,7 +59,7 @@ async def run(server: StdioServerParameters, args: argparse.Namespace) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.mcp_routing.client")
-    parser.add_argument("--proxy", required=True, help="fenceproxy's URL")
+    ProxyAccess.add_arguments(parser)  # passed on to the server
     parser.add_argument("--state", required=True, help="the server's state directory")
     parser.add_argument(
         "--wait", type=float, default=30.0, help="seconds to wait for the job (default 30)"
@@ -73,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         args=[
             "-m",
             "examples.mcp_routing.server",
-            "--proxy",
-            args.proxy,
+            *ProxyAccess.from_arguments(args).argv(),
             "--state",
             # The server runs in the project's directory, not in this one.
             str(Path(args.state).resolve()),
         ],
+        # The SDK hands a server only a few safe variables (PATH, HOME, ...): the
+        # client key's variable is passed on by name.
+        env={args.api_key_env: os.environ[args.api_key_env]} if args.api_key_env else None,
         cwd=PROJECT_ROOT,
     )
     try:

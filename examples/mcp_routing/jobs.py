@@ -1,7 +1,9 @@
 """The job table the MCP server and its worker processes share: one SQLite file in --state.
 
 A job is claimed in one transaction: eligible is a pending job, or a running one whose
-claim has expired (its worker stalled or died). Every claim bumps the job's
+claim has expired (its worker stalled). A worker process that exited gives its claim
+back at once (`worker_gone`); a job that fails the same way MAX_SAME_FAILURES times in
+a row (a worker error, a worker that dies) is `failed` with that reason. Every claim bumps the job's
 `generation` and appends an attempt row; a worker writes its attempt row freely, but
 changes the job row only while its generation is the job's current one, so a worker
 that was replaced can never overwrite its successor's outcome.
@@ -32,6 +34,15 @@ RUNNING: Final = "running"
 DONE: Final = "done"
 BLOCKED: Final = "blocked"
 FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+STATES: Final = (PENDING, RUNNING, DONE, BLOCKED, FAILED, CANCELLED)
+
+# Attempts that end this way are tried again, but not forever: a worker that raises on
+# an answer it cannot read, or dies, would do so on every claim.
+COUNTED_FAILURES: Final = frozenset({"worker_error", "worker_exited"})
+MAX_SAME_FAILURES: Final = 3
+# How often a blocked job looks again whether its effect was settled (by default).
+BLOCKED_RECHECK_S: Final = 10.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -45,6 +56,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     retry_at REAL,
     rule_read TEXT,
     result TEXT,
+    retried_generation INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
@@ -83,15 +95,53 @@ class Outcome:
     outcome: str  # written, stale_epoch, lease_expired, outcome_unknown, ...
     job_state: str
     detail: str | None = None
+    effect_id: str | None = None  # the job's own write in doubt, when it is blocked on it
+
+
+@dataclass(frozen=True)
+class BlockedJob:
+    """A blocked job due to look again at the settlement it waits for."""
+
+    job_id: str
+    rule_id: str
+    generation: int
+    effect_id: str | None  # None: blocked by someone else's effect; nothing was written
+
+
+def blocked_next_step(effect_id: str | None, recheck_at: float | None) -> str:
+    """What a blocked job's result says happens next, for the model to relay."""
+    looks_again = "It looks again at the settlement periodically"
+    if recheck_at is not None:
+        looks_again += f" (next at {time.strftime('%H:%M:%S UTC', time.gmtime(recheck_at))})"
+    looks_again += ", or at once with retry_job."
+    if effect_id is None:
+        return (
+            "Nothing of this job was sent. Another write to the rule is in doubt at the"
+            " proxy; once it is settled, this job runs. " + looks_again
+        )
+    return (
+        f"Nothing will be resent. The write (effect {effect_id}) may or may not have"
+        " landed: the proxy settles it by probe if the route has one; otherwise an"
+        " operator checks the upstream and runs `fenceproxy reconcile resolve"
+        f" {effect_id} --outcome committed --reason ...` (or `--outcome not-committed`)."
+        " This job follows the"
+        " settlement: committed is done, not committed runs once more. " + looks_again
+    )
 
 
 class JobStore:
     """The jobs file, opened by one process; safe to use from several of its threads."""
 
-    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        clock: Callable[[], float] = time.time,
+        blocked_recheck_s: float = BLOCKED_RECHECK_S,
+    ) -> None:
         """`clock` is wall-clock time (claims are compared across processes)."""
         state_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
+        self._blocked_recheck_s = blocked_recheck_s
         # The MCP SDK runs synchronous tools on worker threads, hence one connection
         # shared under a lock rather than one per thread.
         self._db = sqlite3.connect(
@@ -105,6 +155,11 @@ class JobStore:
         # executescript runs (and commits) on its own; IF NOT EXISTS makes it safe for
         # every process that opens the file.
         self._db.executescript(_SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "retried_generation" not in columns:  # a job table of an earlier version
+            self._db.execute(
+                "ALTER TABLE jobs ADD COLUMN retried_generation INTEGER NOT NULL DEFAULT 0"
+            )
 
     def close(self) -> None:
         self._db.close()
@@ -196,29 +251,56 @@ class JobStore:
         """Record the attempt's outcome (always: attempts are appended, never replaced) and,
         only if the claim is still current, the job's new state. False: the claim was stale."""
         now = self._clock()
-        result = json.dumps({"outcome": outcome.outcome, "detail": outcome.detail})
         with self._transaction() as db:
             db.execute(
                 "UPDATE attempts SET phase = 'finished', outcome = ?, detail = ?, ended_at = ?"
                 " WHERE job_id = ? AND generation = ?",
                 (outcome.outcome, outcome.detail, now, claim.job_id, claim.generation),
             )
-            retry_at = now + RETRY_DELAY_S if outcome.job_state == PENDING else None
-            current = db.execute(
-                "UPDATE jobs SET state = ?, result = ?, claimed_by = NULL,"
-                " claim_expires_at = NULL, retry_at = ?, updated_at = ?"
-                " WHERE job_id = ? AND generation = ? AND state = ?",
-                (
-                    outcome.job_state,
-                    result,
-                    retry_at,
-                    now,
-                    claim.job_id,
-                    claim.generation,
-                    RUNNING,
-                ),
-            ).rowcount
+            return self._conclude(db, claim.job_id, claim.generation, outcome, now)
+
+    def _conclude(
+        self, db: sqlite3.Connection, job_id: str, generation: int, outcome: Outcome, now: float
+    ) -> bool:
+        """The job row after its current attempt ended (False: `generation` is not
+        current, and nothing changes)."""
+        job_state = outcome.job_state
+        detail = outcome.detail
+        if job_state == PENDING and outcome.outcome in COUNTED_FAILURES:
+            same = self._same_failures(db, job_id, outcome)
+            if same >= MAX_SAME_FAILURES:
+                job_state = FAILED
+                detail = f"{detail} ({same} attempts in a row ended so)"
+        retry_at = {PENDING: now + RETRY_DELAY_S, BLOCKED: now + self._blocked_recheck_s}.get(
+            job_state
+        )
+        result = {"outcome": outcome.outcome, "detail": detail}
+        if outcome.effect_id is not None:
+            result["effect_id"] = outcome.effect_id
+        current = db.execute(
+            "UPDATE jobs SET state = ?, result = ?, claimed_by = NULL,"
+            " claim_expires_at = NULL, retry_at = ?, updated_at = ?"
+            " WHERE job_id = ? AND generation = ? AND state = ?",
+            (job_state, json.dumps(result), retry_at, now, job_id, generation, RUNNING),
+        ).rowcount
         return current == 1
+
+    @staticmethod
+    def _same_failures(db: sqlite3.Connection, job_id: str, outcome: Outcome) -> int:
+        """How many of the job's latest attempts since it was last retried (this one
+        included) ended as `outcome`, in a row."""
+        rows = db.execute(
+            "SELECT attempts.outcome, attempts.detail FROM attempts JOIN jobs USING (job_id)"
+            " WHERE job_id = ? AND attempts.generation > jobs.retried_generation"
+            " AND attempts.outcome IS NOT NULL ORDER BY attempts.generation DESC",
+            (job_id,),
+        ).fetchall()
+        same = 0
+        for row in rows:
+            if (row["outcome"], row["detail"]) != (outcome.outcome, outcome.detail):
+                break
+            same += 1
+        return same
 
     def has_lapsed_claim(self, worker: str) -> bool:
         """Whether `worker` is in the middle of an attempt whose claim has expired or whose
@@ -233,13 +315,147 @@ class JobStore:
         return row is not None
 
     def worker_gone(self, worker: str, pid: int, detail: str) -> None:
-        """Close the open attempts of a worker process that exited without finishing them."""
+        """Close the open attempts of a worker process that exited without finishing
+        them, and give back the claims it still held: a process that is gone writes
+        nothing more, so its job need not wait for the claim to expire. (A worker that
+        is only stopped keeps its claim until it lapses; its generation fences it.)"""
+        now = self._clock()
+        exited = Outcome("worker_exited", PENDING, detail)
         with self._transaction() as db:
+            open_attempts = db.execute(
+                "SELECT job_id, generation FROM attempts"
+                " WHERE worker = ? AND pid = ? AND outcome IS NULL",
+                (worker, pid),
+            ).fetchall()
             db.execute(
                 "UPDATE attempts SET outcome = 'worker_exited', detail = ?, ended_at = ?"
                 " WHERE worker = ? AND pid = ? AND outcome IS NULL",
-                (detail, self._clock(), worker, pid),
+                (detail, now, worker, pid),
             )
+            for attempt in open_attempts:
+                self._conclude(db, attempt["job_id"], attempt["generation"], exited, now)
+
+    def blocked_due(self) -> list[BlockedJob]:
+        """Blocked jobs whose time to look again at their settlement has come."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, rule_id, generation, result FROM jobs"
+                " WHERE state = ? AND retry_at <= ? ORDER BY retry_at",
+                (BLOCKED, self._clock()),
+            ).fetchall()
+        return [self._blocked(row) for row in rows]
+
+    def blocked_job(self, job_id: str) -> BlockedJob | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT job_id, rule_id, generation, result FROM jobs"
+                " WHERE job_id = ? AND state = ?",
+                (job_id, BLOCKED),
+            ).fetchone()
+        return None if row is None else self._blocked(row)
+
+    @staticmethod
+    def _blocked(row: sqlite3.Row) -> BlockedJob:
+        result = json.loads(row["result"]) if row["result"] else {}
+        return BlockedJob(row["job_id"], row["rule_id"], row["generation"], result.get("effect_id"))
+
+    def follow_settlement(self, blocked: BlockedJob, outcome: Outcome | None) -> bool:
+        """A blocked job after a look at its settlement: `outcome` (done, or pending to
+        run again at once), or None for still in doubt (looked at again later). False
+        if the job is no longer that blocked job (cancelled meanwhile, ...)."""
+        now = self._clock()
+        with self._transaction() as db:
+            if outcome is None:
+                changed = db.execute(
+                    "UPDATE jobs SET retry_at = ? WHERE job_id = ? AND generation = ?"
+                    " AND state = ?",
+                    (now + self._blocked_recheck_s, blocked.job_id, blocked.generation, BLOCKED),
+                ).rowcount
+                return changed == 1
+            result = {"outcome": outcome.outcome, "detail": outcome.detail}
+            changed = db.execute(
+                "UPDATE jobs SET state = ?, result = ?, retry_at = NULL, updated_at = ?"
+                " WHERE job_id = ? AND generation = ? AND state = ?",
+                (
+                    outcome.job_state,
+                    json.dumps(result),
+                    now,
+                    blocked.job_id,
+                    blocked.generation,
+                    BLOCKED,
+                ),
+            ).rowcount
+        return changed == 1
+
+    def blocked_on_rule(self, rule_id: str) -> dict[str, Any] | None:
+        """The status of a blocked job of `rule_id`, if there is one."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT job_id FROM jobs WHERE rule_id = ? AND state = ?"
+                " ORDER BY created_at LIMIT 1",
+                (rule_id, BLOCKED),
+            ).fetchone()
+        return None if row is None else self.status(row["job_id"])
+
+    def cancel(self, job_id: str) -> str | None:
+        """Cancel a pending or blocked job; None if done, else why it cannot be."""
+        now = self._clock()
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                return f"no job {job_id!r}"
+            if row["state"] == RUNNING:
+                return (
+                    "the job is running: its write may be on its way, and stopping the"
+                    " worker now would leave that unknown; wait for it to end"
+                )
+            if row["state"] not in (PENDING, BLOCKED):
+                return f"the job is already {row['state']}"
+            db.execute(
+                "UPDATE jobs SET state = ?, retry_at = NULL, updated_at = ? WHERE job_id = ?",
+                (CANCELLED, now, job_id),
+            )
+        return None
+
+    def retry(self, job_id: str) -> str | None:
+        """Run a failed or cancelled job again (its failure count starts over); None if
+        done, else why it cannot be."""
+        now = self._clock()
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                return f"no job {job_id!r}"
+            if row["state"] not in (FAILED, CANCELLED):
+                return f"the job is {row['state']}: only a failed or cancelled job is retried"
+            db.execute(
+                "UPDATE jobs SET state = ?, retry_at = NULL, retried_generation = generation,"
+                " updated_at = ? WHERE job_id = ?",
+                (PENDING, now, job_id),
+            )
+        return None
+
+    def list_jobs(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        """The newest jobs first, in `state` if given."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, rule_id, route_to, state, generation, result, created_at,"
+                " updated_at FROM jobs WHERE ? IS NULL OR state = ?"
+                " ORDER BY created_at DESC LIMIT ?",
+                (state, state, limit),
+            ).fetchall()
+        return [
+            {
+                "job_id": row["job_id"],
+                "rule_id": row["rule_id"],
+                "route_to": row["route_to"],
+                "state": row["state"],
+                "attempts": row["generation"],
+                "result": None if row["result"] is None else json.loads(row["result"]),
+                "created_at": row["created_at"],
+                "updated_at": row["updated_at"],
+            }
+            for row in rows
+        ]
 
     def status(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -249,6 +465,9 @@ class JobStore:
             ).fetchall()
         if job is None:
             return None
+        result = None if job["result"] is None else json.loads(job["result"])
+        if result is not None and job["state"] == BLOCKED:
+            result["next"] = blocked_next_step(result.get("effect_id"), job["retry_at"])
         return {
             "job_id": job["job_id"],
             "rule_id": job["rule_id"],
@@ -257,7 +476,7 @@ class JobStore:
             "generation": job["generation"],
             "claimed_by": job["claimed_by"],
             "rule_read": None if job["rule_read"] is None else json.loads(job["rule_read"]),
-            "result": None if job["result"] is None else json.loads(job["result"]),
+            "result": result,
             "attempts": [
                 {
                     "generation": attempt["generation"],

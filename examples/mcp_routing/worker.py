@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import signal
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,74 @@ log = logging.getLogger("mcp_routing.worker")
 
 
 @dataclass(frozen=True)
+class ProxyAccess:
+    """How a process of the example reaches fenceproxy: its URL, and where `auth:` or
+    TLS is on, the client key (read from the environment variable named here, never
+    put on a command line) and the CA bundle and client certificate."""
+
+    url: str
+    api_key_env: str | None = None
+    ca_bundle: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    def argv(self) -> list[str]:
+        """The same, as the command-line options that `add_arguments` reads."""
+        options = {
+            "--proxy": self.url,
+            "--api-key-env": self.api_key_env,
+            "--ca-bundle": self.ca_bundle,
+            "--client-cert": self.client_cert,
+            "--client-key": self.client_key,
+        }
+        return [part for name, value in options.items() if value for part in (name, value)]
+
+    def client_options(self) -> dict[str, Any]:
+        """FenceClient's keyword arguments (and httpx's `verify`, as it spells them)."""
+        options: dict[str, Any] = {}
+        if self.api_key_env:
+            options["api_key"] = os.environ[self.api_key_env]
+        if self.ca_bundle:
+            options["verify"] = self.ca_bundle
+        if self.client_cert:
+            options["cert"] = (
+                (self.client_cert, self.client_key) if self.client_key else self.client_cert
+            )
+        return options
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """httpx's `verify` for a plain request to the proxy (not through the client)."""
+        if not self.ca_bundle and not self.client_cert:
+            return True
+        context = ssl.create_default_context(cafile=self.ca_bundle)
+        if self.client_cert:
+            context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--proxy", required=True, help="fenceproxy's URL")
+        parser.add_argument(
+            "--api-key-env", help="environment variable holding the client key (auth:)"
+        )
+        parser.add_argument("--ca-bundle", help="CA bundle (PEM) the proxy's certificate is from")
+        parser.add_argument("--client-cert", help="client certificate (PEM) for mutual TLS")
+        parser.add_argument("--client-key", help="its private key (PEM), if not in the cert file")
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace) -> ProxyAccess:
+        return cls(
+            args.proxy.rstrip("/"),
+            args.api_key_env,
+            args.ca_bundle,
+            args.client_cert,
+            args.client_key,
+        )
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
-    proxy_url: str
+    proxy: ProxyAccess
     state_dir: Path
     name: str
     lease_ttl_s: float
@@ -54,6 +121,7 @@ class WorkerSettings:
     claim_ttl_s: float
     http_timeout_s: float
     settle_wait_s: float
+    blocked_recheck_s: float
 
 
 def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
@@ -61,7 +129,9 @@ def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
         # Still unsettled after the worker's wait: never resent under a new attempt.
         # The proxy holds the resource until the effect is settled (see the main
         # README's runbook); the effect id is here for the operator.
-        return Outcome(refusal.code, BLOCKED, f"effect {refusal.effect_id} in doubt")
+        return Outcome(
+            refusal.code, BLOCKED, f"effect {refusal.effect_id} in doubt", refusal.effect_id
+        )
     if isinstance(refusal, errors.ResourceBlocked):
         return Outcome(refusal.code, BLOCKED, f"effects in doubt: {list(refusal.effect_ids)}")
     if refusal.code in RETRIED_CODES:
@@ -187,11 +257,27 @@ def run_job(
     return outcome
 
 
+def run_attempt(
+    client: FenceClient, store: JobStore, claim: Claim, settings: WorkerSettings
+) -> Outcome:
+    """The job's attempt; whatever the worker raises ends the attempt with its reason
+    (the lease was released on the way out), rather than the process."""
+    try:
+        return run_job(client, store, claim, settings)
+    except Exception as exc:
+        log.exception("job %s: the worker failed", claim.job_id)
+        return Outcome("worker_error", PENDING, f"{type(exc).__name__}: {exc}")
+
+
 def run(settings: WorkerSettings) -> int:
-    store = JobStore(settings.state_dir)
+    store = JobStore(settings.state_dir, blocked_recheck_s=settings.blocked_recheck_s)
     parent = os.getppid()
     try:
-        with FenceClient(settings.proxy_url, timeout_s=settings.http_timeout_s) as client:
+        with FenceClient(
+            settings.proxy.url,
+            timeout_s=settings.http_timeout_s,
+            **settings.proxy.client_options(),
+        ) as client:
             # Orphaned (the server died without stopping us): stop taking jobs.
             while os.getppid() == parent:
                 claim = store.claim(settings.name, os.getpid(), settings.claim_ttl_s)
@@ -199,7 +285,7 @@ def run(settings: WorkerSettings) -> int:
                     time.sleep(IDLE_POLL_S)
                     continue
                 log.info("claimed job %s (generation %d)", claim.job_id, claim.generation)
-                outcome = run_job(client, store, claim, settings)
+                outcome = run_attempt(client, store, claim, settings)
                 log.info("job %s: %s (%s)", claim.job_id, outcome.outcome, outcome.detail)
                 if not store.finish(claim, outcome):
                     log.info(
@@ -213,7 +299,7 @@ def run(settings: WorkerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.mcp_routing.worker")
-    parser.add_argument("--proxy", required=True)
+    ProxyAccess.add_arguments(parser)
     parser.add_argument("--state", required=True, type=Path)
     parser.add_argument("--name", required=True)
     parser.add_argument("--lease-ttl", type=float, required=True)
@@ -221,13 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claim-ttl", type=float, required=True)
     parser.add_argument("--http-timeout", type=float, required=True)
     parser.add_argument("--settle-wait", type=float, required=True)
+    parser.add_argument("--blocked-recheck", type=float, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name} pid {os.getpid()}: %(message)s"
     )
     return run(
         WorkerSettings(
-            proxy_url=args.proxy,
+            proxy=ProxyAccess.from_arguments(args),
             state_dir=args.state,
             name=args.name,
             lease_ttl_s=args.lease_ttl,
@@ -235,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             claim_ttl_s=args.claim_ttl,
             http_timeout_s=args.http_timeout,
             settle_wait_s=args.settle_wait,
+            blocked_recheck_s=args.blocked_recheck,
         )
     )
 

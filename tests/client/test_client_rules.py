@@ -17,6 +17,7 @@ from fenceproxy_client._common import (
     MAX_BACKOFF_S,
     PROBLEM_TYPE_BASE,
     Grant,
+    LeaseNeeds,
     LeaseState,
     Step,
     checked,
@@ -267,3 +268,97 @@ def test_without_renewal_the_lease_is_lost_at_its_expiry() -> None:
     lease = state(renew=False)
     assert lease.next_step(1.0) == (Step.WAIT, 8.0)
     assert lease.next_step(9.0) == (Step.LOST, 0.0)
+
+
+# -- lease sizing and LeaseLost -------------------------------------------------------
+
+
+def test_renewal_before_a_write_when_less_is_left_than_the_route_needs() -> None:
+    lease = state(ttl_s=9.0)  # local expiry at 9.0
+    assert not lease.should_renew_for(None, 8.0)  # the need is not known yet
+    assert not lease.should_renew_for(2.0, 7.0)  # exactly 2 s left: enough
+    assert lease.should_renew_for(2.0, 7.1)
+    assert not lease.should_renew_for(9.5, 7.1)  # a renewal to 9 s could not give 9.5
+
+
+def test_what_a_route_needs_is_learnt_from_lease_too_short_and_bounded() -> None:
+    needs = LeaseNeeds()
+    too_short = errors.LeaseTooShort(409, problem("lease_too_short", 409, needed_s=2))
+    assert needs.learn("put", "/rules/r1", too_short) == 2.0
+    assert needs.needed("PUT", "/rules/r1") == 2.0
+    assert needs.needed("PUT", "/rules/r2") is None
+    older_proxy = errors.LeaseTooShort(409, problem("lease_too_short", 409))
+    assert needs.learn("PUT", "/rules/r3", older_proxy) is None
+    for n in range(LeaseNeeds.MAX_REMEMBERED):
+        needs.learn("PUT", f"/rules/x{n}", too_short)
+    assert needs.needed("PUT", "/rules/r1") is None  # the oldest was forgotten
+
+
+def test_lease_too_short_renews_and_sends_once_more_then_renews_before_the_next() -> None:
+    calls: list[str] = []
+    refusals = [problem_response("lease_too_short", 409, needed_s=20, remaining_s=9.5)]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/_fence/v1/leases":
+            return granted()
+        if request.url.path == "/_fence/v1/leases/renew":
+            return granted()
+        return refusals.pop() if refusals else httpx.Response(200, json={})
+
+    with client_answering(answer) as client:
+        lease = client.acquire("rule:r1", "w", ttl_s=30)
+        lease.request("PUT", "/rules/r1", json={})
+        lease.request("PUT", "/rules/r1", json={})
+    assert calls == [
+        "/_fence/v1/leases",
+        "/rules/r1",  # refused: lease_too_short, nothing sent upstream
+        "/_fence/v1/leases/renew",
+        "/rules/r1",
+        # granted() gives 10 s, less than the 20 s the route needs: renewed first
+        "/_fence/v1/leases/renew",
+        "/rules/r1",
+    ]
+
+
+def test_check_raises_lease_lost_with_why() -> None:
+    lease = state(renew=False)
+    lease.check(1.0)
+    with pytest.raises(errors.LeaseLost, match="expired without a renewal"):
+        lease.check(9.0)
+    refused = state()
+    refused.lose("renewal refused: stale_epoch")
+    with pytest.raises(errors.LeaseLost) as lost:
+        refused.check(0.0)
+    assert (lost.value.resource, lost.value.epoch, lost.value.why) == (
+        "rule:r1",
+        1,
+        "renewal refused: stale_epoch",
+    )
+
+
+def test_the_client_key_goes_on_lease_calls_and_reads_never_on_a_fenced_request() -> None:
+    seen: dict[str, str | None] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen[request.url.path] = request.headers.get("Authorization")
+        if request.url.path.startswith("/_fence/v1/leases"):
+            return granted()
+        if request.url.path.startswith("/_fence/v1/effects/"):
+            return httpx.Response(200, json={"state": "COMMITTED"})
+        return httpx.Response(200, json={})
+
+    transport = httpx.MockTransport(answer)
+    with FenceClient("http://proxy", api_key="key-1", transport=transport) as client:
+        lease = client.acquire("rule:r1", "w", ttl_s=10)
+        lease.request("PUT", "/rules/r1", json={})
+        lease.renew()
+        assert client.wait_settled("eff-1", 1.0) == "COMMITTED"
+        lease.release()
+    assert seen == {
+        "/_fence/v1/leases": "Bearer key-1",
+        "/rules/r1": None,
+        "/_fence/v1/leases/renew": "Bearer key-1",
+        "/_fence/v1/effects/eff-1": "Bearer key-1",
+        "/_fence/v1/leases/release": "Bearer key-1",
+    }

@@ -44,7 +44,7 @@ from core.lifecycle import Answer, Event
 from core.outcomes import Answered, DispatchResult, receipt_event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
-from policies import Route
+from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, open_store
 
 Backend = Literal["sqlite", "postgres"]
@@ -225,7 +225,9 @@ class Replica:
 
     async def start(self) -> None:
         clock: Callable[[], float] = self.authority.clock
-        self._store = open_store(self.authority.store_url, clock, self.instance_id, pool=(1, 2))
+        self._store = open_store(
+            self.authority.store_url, clock, self.instance_id, pool=StorePool(1, 2)
+        )
         await self._store.open()
 
     async def stop(self) -> None:

@@ -193,7 +193,13 @@ def test_lease_too_short_gives_the_remaining_time_and_the_timeout() -> None:
     assert refusal(decision) == (
         "lease_too_short",
         "the lease expires in 4.250s, before the upstream timeout of 5.0s ends; renew it first",
-        {"resource": RESOURCE, "epoch": 3, "expires_at": NOW + 4.25},
+        {
+            "resource": RESOURCE,
+            "epoch": 3,
+            "expires_at": NOW + 4.25,
+            "needed_s": 5.0,
+            "remaining_s": 4.25,
+        },
     )
 
 

@@ -11,7 +11,10 @@ import pytest
 
 from examples.mcp_routing.jobs import (
     BLOCKED,
+    CANCELLED,
     DONE,
+    FAILED,
+    MAX_SAME_FAILURES,
     PENDING,
     RETRY_DELAY_S,
     RUNNING,
@@ -174,6 +177,103 @@ def test_a_gone_worker_closes_only_its_own_open_attempts(jobs: JobStore, clock: 
         ("worker_exited", "worker exited (killed by SIGKILL)"),
         (None, None),
     ]
+
+
+def test_a_gone_workers_claim_is_given_back_at_once(jobs: JobStore, clock: FakeClock) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    assert jobs.claim("w1", 11, CLAIM_TTL_S) is not None
+
+    jobs.worker_gone("w1", 11, "worker exited (status 1)")
+
+    status = jobs.status(job_id)
+    assert status is not None
+    assert (status["state"], status["claimed_by"]) == (PENDING, None)
+    clock.now += RETRY_DELAY_S
+    again = jobs.claim("w2", 12, CLAIM_TTL_S)  # long before the claim would have expired
+    assert again is not None and again.generation == 2
+
+
+def test_the_same_failure_n_times_in_a_row_fails_the_job_with_its_reason(
+    jobs: JobStore, clock: FakeClock
+) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    crash = Outcome("worker_error", PENDING, "KeyError: 'rule'")
+    for attempt in range(1, MAX_SAME_FAILURES + 1):
+        claim = jobs.claim(f"w{attempt}", attempt, CLAIM_TTL_S)
+        assert claim is not None, attempt
+        assert jobs.finish(claim, crash)
+        clock.now += RETRY_DELAY_S
+    status = jobs.status(job_id)
+    assert status is not None
+    assert status["state"] == FAILED
+    assert status["result"] == {
+        "outcome": "worker_error",
+        "detail": f"KeyError: 'rule' ({MAX_SAME_FAILURES} attempts in a row ended so)",
+    }
+    assert jobs.claim("w9", 9, CLAIM_TTL_S) is None
+
+    # Retried by hand, it gets N attempts again.
+    assert jobs.retry(job_id) is None
+    claim = jobs.claim("w10", 10, CLAIM_TTL_S)
+    assert claim is not None
+    assert jobs.finish(claim, crash)
+    status = jobs.status(job_id)
+    assert status is not None and status["state"] == PENDING
+
+
+def test_different_failures_do_not_add_up(jobs: JobStore, clock: FakeClock) -> None:
+    job_id = jobs.enqueue("r1", "eu-west")
+    for attempt, detail in enumerate(["KeyError: 'rule'", "worker exited (status 1)"] * 2):
+        claim = jobs.claim(f"w{attempt}", attempt, CLAIM_TTL_S)
+        assert claim is not None
+        jobs.finish(claim, Outcome("worker_error", PENDING, detail))
+        clock.now += RETRY_DELAY_S
+    status = jobs.status(job_id)
+    assert status is not None and status["state"] == PENDING
+
+
+def test_only_pending_or_blocked_jobs_are_cancelled(jobs: JobStore, clock: FakeClock) -> None:
+    running = jobs.enqueue("r1", "eu-west")
+    assert jobs.claim("w1", 11, CLAIM_TTL_S) is not None
+    clock.now += 1
+    pending = jobs.enqueue("r2", "eu-west")
+
+    assert jobs.cancel(pending) is None
+    refused = jobs.cancel(running)
+    assert refused is not None and refused.startswith("the job is running")
+    assert jobs.cancel(pending) == "the job is already cancelled"
+    assert jobs.cancel("nope") == "no job 'nope'"
+    status = jobs.status(pending)
+    assert status is not None and status["state"] == CANCELLED
+    assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
+    assert jobs.retry(running) == "the job is running: only a failed or cancelled job is retried"
+
+
+def test_a_blocked_job_follows_its_settlement(tmp_path: Path, clock: FakeClock) -> None:
+    jobs = JobStore(tmp_path, clock, blocked_recheck_s=5.0)
+    try:
+        job_id = jobs.enqueue("r1", "eu-west")
+        claim = jobs.claim("w1", 11, CLAIM_TTL_S)
+        assert claim is not None
+        jobs.finish(claim, Outcome("outcome_unknown", BLOCKED, "effect eff-1 in doubt", "eff-1"))
+        status = jobs.status(job_id)
+        assert status is not None
+        assert status["result"]["effect_id"] == "eff-1"
+        assert "Nothing will be resent" in status["result"]["next"]
+        assert "reconcile resolve eff-1" in status["result"]["next"]
+        assert jobs.blocked_due() == []
+        clock.now += 5.0
+        (due,) = jobs.blocked_due()
+        assert (due.job_id, due.effect_id) == (job_id, "eff-1")
+
+        assert jobs.follow_settlement(due, None)  # still in doubt: looked at again later
+        assert jobs.blocked_due() == []
+        assert jobs.follow_settlement(due, Outcome("not_committed", PENDING, "settled"))
+        status = jobs.status(job_id)
+        assert status is not None and status["state"] == PENDING
+        assert not jobs.follow_settlement(due, Outcome("written", DONE, "settled"))
+    finally:
+        jobs.close()
 
 
 def test_concurrent_claimers_each_get_a_different_job(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def test_an_outcome_in_doubt_blocks_the_job_and_names_the_effect() -> None:
     outcome = outcome_of_refusal(refusal("outcome_unknown", 504, effect_id="eff-1"))
 
     assert (outcome.outcome, outcome.job_state) == ("outcome_unknown", BLOCKED)
-    assert outcome.detail == "effect eff-1 in doubt"
+    assert (outcome.detail, outcome.effect_id) == ("effect eff-1 in doubt", "eff-1")
 
 
 def test_a_blocked_resource_blocks_the_job_and_names_the_effects() -> None:

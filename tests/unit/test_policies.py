@@ -15,6 +15,7 @@ from policies import (
     Pool,
     Problem,
     Retention,
+    StorePool,
     load_policy,
     parse_policy,
 )
@@ -671,6 +672,33 @@ def test_postgresql_store_url_is_accepted() -> None:
     assert parse_policy(text).store == "postgresql://fence@db:5432/fence"
 
 
+def test_statement_cache_size_in_the_store_url_names_the_option_to_use() -> None:
+    text = edit(
+        "store: sqlite:///state/test.db",
+        "store: postgresql://fence@db:5432/fence?sslmode=disable&statement_cache_size=0",
+    )
+    assert_single_problem(text, 3, "store", "set store_pool.statement_cache: false instead")
+
+
+def test_store_pool_options_parse_with_their_defaults() -> None:
+    assert parse_policy(VALID).store_pool == StorePool(1, 10, True, 5.0, 30.0)
+    text = with_text(
+        "store_pool: {max_size: 4, statement_cache: false, acquire_timeout_s: 0.5,"
+        " command_timeout_s: 2}"
+    )
+    assert parse_policy(text).store_pool == StorePool(1, 4, False, 0.5, 2.0)
+
+
+def test_store_pool_statement_cache_must_be_a_boolean() -> None:
+    text = with_text("store_pool: {statement_cache: off-please}")
+    assert_single_problem(text, 13, "store_pool.statement_cache", "expected true or false")
+
+
+def test_store_pool_timeouts_must_be_positive() -> None:
+    text = with_text("store_pool: {acquire_timeout_s: 0}")
+    assert_single_problem(text, 13, "store_pool.acquire_timeout_s", "must be at least 0.001")
+
+
 def test_min_ttl_above_max_ttl() -> None:
     text = edit("min_ttl_s: 1, max_ttl_s: 300", "min_ttl_s: 500, max_ttl_s: 300")
     assert_single_problem(text, 4, "leases", "min_ttl_s (500) is above max_ttl_s (300)")
@@ -1151,13 +1179,17 @@ def test_every_retention_problem_is_reported_at_once() -> None:
 
 def test_limits_and_pools_have_defaults_when_absent() -> None:
     policy = parse_policy(VALID)
-    assert policy.limits == Limits(header_timeout_s=15, body_timeout_s=30, max_requests=1024)
+    assert policy.limits == Limits(
+        header_timeout_s=15, body_timeout_s=30, max_requests=1024, max_connections=1280
+    )
     assert policy.upstreams["supplier"].pool == Pool(fenced=256, pass_through=256)
 
 
 def test_limits_are_read() -> None:
-    text = with_text("limits: {header_timeout_s: 2.5, body_timeout_s: 0.5, max_requests: 7}")
-    assert parse_policy(text).limits == Limits(2.5, 0.5, 7)
+    text = with_text(
+        "limits: {header_timeout_s: 2.5, body_timeout_s: 0.5, max_requests: 7, max_connections: 9}"
+    )
+    assert parse_policy(text).limits == Limits(2.5, 0.5, 7, 9)
 
 
 def test_a_limit_left_out_keeps_its_default() -> None:
@@ -1199,12 +1231,21 @@ def test_max_requests_must_be_a_positive_integer() -> None:
     )
 
 
-def test_unknown_key_in_limits() -> None:
+def test_max_connections_must_be_a_positive_integer() -> None:
     assert_single_problem(
-        with_text("limits: {max_connections: 10}"),
+        with_text("limits: {max_connections: 0}"),
         13,
         "limits.max_connections",
-        "unknown key (allowed: body_timeout_s, header_timeout_s, max_requests)",
+        "must be at least 1",
+    )
+
+
+def test_unknown_key_in_limits() -> None:
+    assert_single_problem(
+        with_text("limits: {max_sockets: 10}"),
+        13,
+        "limits.max_sockets",
+        "unknown key (allowed: body_timeout_s, header_timeout_s, max_connections, max_requests)",
     )
 
 

@@ -234,14 +234,14 @@ def test_a_ca_bundle_that_cannot_verify_is_named_with_its_line(
 @pytest.mark.parametrize(
     ("tls", "summary"),
     [
-        ((), "store sqlite:///state/test.db)"),
+        ((), "store sqlite:///state/test.db, max 1280 connections)"),
         (
             ("cert: tls/server.pem", "key: tls/server-key.pem"),
-            "store sqlite:///state/test.db, TLS)",
+            "store sqlite:///state/test.db, TLS, max 1280 connections)",
         ),
         (
             ("cert: tls/server.pem", "key: tls/server-key.pem", "client_ca: tls/test-ca.pem"),
-            "store sqlite:///state/test.db, mutual TLS)",
+            "store sqlite:///state/test.db, mutual TLS, max 1280 connections)",
         ),
     ],
     ids=["plain", "tls", "mutual"],

@@ -310,6 +310,9 @@ async def test_lease_shorter_than_upstream_timeout_is_refused(fence: Fence) -> N
 
     problem = await assert_problem(response, 409, "lease_too_short")
     assert problem["epoch"] == 1
+    # What the client needs to size its lease: the route's timeout, and what was left.
+    assert problem["needed_s"] == 1
+    assert 0 < problem["remaining_s"] <= 0.5
     assert await fence.upstream_orders() == 0
     assert await fence.effects() == []
     assert await idempotency_rows(fence) == []

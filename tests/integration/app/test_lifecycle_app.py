@@ -15,6 +15,7 @@ import pytest
 from core.lifecycle import Event
 from proxy.logredact import MALFORMED_LINES
 from proxy.runtime import RUNTIME
+from store import StoreUnavailable
 from tests.integration.app.conftest import (
     PROBE_BY_KEY,
     Fence,
@@ -57,6 +58,24 @@ async def test_an_absolute_form_target_is_refused_before_anything_is_recorded(
     assert (await fence.lease(RESOURCE))["blocked"] is False
 
 
+async def test_a_store_that_refuses_the_admission_is_503_with_retry_after(
+    fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before dispatch (a read-only database, a full pool, a pooler's refusal): 503
+    store_unavailable with Retry-After, and nothing forwarded, which is then true."""
+    lease = await fence.acquire(RESOURCE, "worker-a")
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("the database is read-only")
+
+    monkeypatch.setattr(fence.store, "admit", refused)
+    answer = await fence.order("widget", lease["token"], "k-1")
+    body = await assert_problem(answer, 503, "store_unavailable")
+    assert answer.headers["Retry-After"] == "1"
+    assert "nothing was done" in body["detail"]
+    assert await fence.upstream_orders() == 0
+
+
 async def test_a_receipt_that_cannot_be_recorded_is_never_nothing_was_forwarded(
     fence: Fence, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,6 +87,7 @@ async def test_a_receipt_that_cannot_be_recorded_is_never_nothing_was_forwarded(
     monkeypatch.setattr(fence.store, "finish_effect", broken)
     answer = await fence.order("widget", lease["token"], "k-1")
     body = await assert_problem(answer, 503, "store_unavailable")
+    assert answer.headers["Retry-After"] == "1"
     assert "may have taken effect" in body["detail"]
     assert "nothing was forwarded" not in body["detail"]
     assert body["upstream_status"] == 201

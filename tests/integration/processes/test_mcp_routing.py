@@ -32,7 +32,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from examples.mcp_routing.jobs import DB_NAME, JobStore
 from examples.mcp_routing.server import RESTART_BACKOFF_S, ServerSettings, Supervisor
-from examples.mcp_routing.worker import STOP_BEFORE_WRITE_ENV
+from examples.mcp_routing.worker import STOP_BEFORE_WRITE_ENV, ProxyAccess
 from tests.integration.processes.conftest import (
     PROJECT_ROOT,
     Stack,
@@ -76,21 +76,30 @@ def routing_logs(tmp_path: Path) -> RoutingLogs:
 
 @asynccontextmanager
 async def routing_server(
-    stack: Stack,
+    stack: Stack | None,
     logs: RoutingLogs,
     lease_ttl_s: float = LEASE_TTL_S,
     claim_ttl_s: float = CLAIM_TTL_S,
     settle_wait_s: float = 1.0,
+    blocked_recheck_s: float = 60.0,
+    proxy_url: str | None = None,
+    stop_before_write: bool = True,
+    extra_args: tuple[str, ...] = (),
+    env: tuple[tuple[str, str], ...] = (),
 ) -> AsyncIterator[ClientSession]:
     """The example server with one worker, as an MCP client (Claude Desktop, ...) starts
-    it; the worker holding the job's first claim stops itself before its write."""
+    it; the worker holding the job's first claim stops itself before its write.
+    `proxy_url`: a proxy of the test's own instead of the stack's."""
+    if proxy_url is None:
+        assert stack is not None
+        proxy_url = stack.proxy_url
     parameters = StdioServerParameters(
         command=sys.executable,
         args=[
             "-m",
             "examples.mcp_routing.server",
             "--proxy",
-            stack.proxy_url,
+            proxy_url,
             "--state",
             str(logs.state_dir),
             "--workers",
@@ -105,8 +114,15 @@ async def routing_server(
             "5",
             "--settle-wait",
             str(settle_wait_s),
+            "--blocked-recheck",
+            str(blocked_recheck_s),
+            *extra_args,
         ],
-        env={STOP_BEFORE_WRITE_ENV: "1", "PYTHONUNBUFFERED": "1"},
+        env={
+            "PYTHONUNBUFFERED": "1",
+            **({STOP_BEFORE_WRITE_ENV: "1"} if stop_before_write else {}),
+            **dict(env),
+        },
         cwd=PROJECT_ROOT,
     )
     with logs.server_log.open("w") as errlog:
@@ -139,6 +155,16 @@ async def poll(
         await anyio.sleep(POLL_INTERVAL_S)
 
 
+def attempt_pid(logs: RoutingLogs, job_id: str, generation: int) -> int:
+    """A worker's pid, from the job table: job_status does not show pids to the model."""
+    with contextlib.closing(sqlite3.connect(logs.state_dir / DB_NAME)) as jobs:
+        (pid,) = jobs.execute(
+            "SELECT pid FROM attempts WHERE job_id = ? AND generation = ?", (job_id, generation)
+        ).fetchone()
+    found: int = pid
+    return found
+
+
 def process_state(pid: int) -> str:
     """The scheduler state letter from /proc (T: stopped by a signal); "gone" once reaped."""
     try:
@@ -148,14 +174,18 @@ def process_state(pid: int) -> str:
     return stat.rpartition(")")[2].split()[0]
 
 
-async def worker_a_stopped_before_its_write(session: ClientSession, job_id: str) -> dict[str, Any]:
-    """A's attempt once A has read the rule and stopped itself just before its PUT."""
+async def worker_a_stopped_before_its_write(
+    session: ClientSession, logs: RoutingLogs, job_id: str
+) -> dict[str, Any]:
+    """A's attempt (with its pid from the job table) once A has read the rule and
+    stopped itself just before its PUT."""
 
     async def stopped() -> dict[str, Any] | None:
         attempts = (await call(session, "job_status", job_id=job_id))["attempts"]
         if not attempts or attempts[0]["phase"] != "writing":
             return None
-        first: dict[str, Any] = attempts[0]
+        assert "pid" not in attempts[0]
+        first: dict[str, Any] = {**attempts[0], "pid": attempt_pid(logs, job_id, 1)}
         return first if process_state(first["pid"]) == "T" else None
 
     return await poll("worker A to stop before its write", stopped)
@@ -187,14 +217,16 @@ def assert_only_b_wrote(stack: Stack, worker_b: dict[str, Any], epoch_a: int) ->
     assert written["fence_epoch"] == str(epoch_a + 1), written
 
 
-async def start_story(stack: Stack, session: ClientSession) -> tuple[str, dict[str, Any]]:
+async def start_story(
+    stack: Stack, session: ClientSession, logs: RoutingLogs
+) -> tuple[str, dict[str, Any]]:
     """Seed the rule upstream, ask for the update, and wait for A to stall before writing."""
     seeded = http_call(stack.upstream_url, "PUT", f"/rules/{RULE_ID}", json_body=SEED_RULE)
     assert seeded.status == 200, seeded
     job_id = (await call(session, "update_routing_rule", rule_id=RULE_ID, route_to="eu-west"))[
         "job_id"
     ]
-    worker_a = await worker_a_stopped_before_its_write(session, job_id)
+    worker_a = await worker_a_stopped_before_its_write(session, logs, job_id)
     assert worker_a["generation"] == 1
     assert worker_a["epoch"] == 1
     assert worker_a["outcome"] is None
@@ -205,7 +237,7 @@ async def test_a_stalled_worker_resumed_after_its_replacement_wrote_is_refused(
     stack: Stack, routing_logs: RoutingLogs
 ) -> None:
     async with routing_server(stack, routing_logs) as session:
-        job_id, worker_a = await start_story(stack, session)
+        job_id, worker_a = await start_story(stack, session, routing_logs)
         epoch_a = worker_a["epoch"]
 
         status = await job_done_by_replacement(session, job_id)
@@ -244,7 +276,7 @@ async def test_a_killed_worker_is_replaced_and_its_attempt_closed(
     stack: Stack, routing_logs: RoutingLogs
 ) -> None:
     async with routing_server(stack, routing_logs) as session:
-        job_id, worker_a = await start_story(stack, session)
+        job_id, worker_a = await start_story(stack, session, routing_logs)
 
         os.kill(worker_a["pid"], signal.SIGKILL)
 
@@ -262,10 +294,12 @@ async def test_a_killed_worker_is_replaced_and_its_attempt_closed(
         assert stack.rejections(RESOURCE) == []
 
 
-async def write_in_doubt(stack: Stack, session: ClientSession) -> tuple[str, str]:
+async def write_in_doubt(
+    stack: Stack, session: ClientSession, routing_logs: RoutingLogs
+) -> tuple[str, str]:
     """A, stopped before its write, is continued with the upstream paused: its write is
     sent and never answered, so the proxy answers outcome_unknown. (job id, effect id)"""
-    job_id, worker_a = await start_story(stack, session)
+    job_id, worker_a = await start_story(stack, session, routing_logs)
     stack.pause_upstream()
     os.kill(worker_a["pid"], signal.SIGCONT)
 
@@ -287,7 +321,7 @@ async def test_a_write_left_in_doubt_blocks_the_job_and_is_not_resent(
     async with routing_server(
         stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0, settle_wait_s=0.5
     ) as session:
-        job_id, effect_id = await write_in_doubt(stack, session)
+        job_id, effect_id = await write_in_doubt(stack, session, routing_logs)
 
         async def finished() -> dict[str, Any] | None:
             status = await call(session, "job_status", job_id=job_id)
@@ -295,10 +329,15 @@ async def test_a_write_left_in_doubt_blocks_the_job_and_is_not_resent(
 
         status = await poll("A to give up waiting for the settlement", finished)
         assert status["state"] == "blocked", status
-        assert status["result"] == {
-            "outcome": "outcome_unknown",
-            "detail": f"effect {effect_id} in doubt",
-        }, status
+        result = status["result"]
+        assert (result["outcome"], result["detail"], result["effect_id"]) == (
+            "outcome_unknown",
+            f"effect {effect_id} in doubt",
+            effect_id,
+        ), status
+        # What happens next, for the model to relay.
+        assert result["next"].startswith("Nothing will be resent."), result
+        assert f"fenceproxy reconcile resolve {effect_id}" in result["next"], result
         assert [(a["outcome"], a["epoch"]) for a in status["attempts"]] == [
             ("outcome_unknown", 1)
         ], status
@@ -312,7 +351,7 @@ async def test_a_write_in_doubt_settled_not_committed_is_run_again_once(
     async with routing_server(
         stack, routing_logs, lease_ttl_s=10.0, claim_ttl_s=20.0, settle_wait_s=STORY_TIMEOUT_S
     ) as session:
-        job_id, effect_id = await write_in_doubt(stack, session)
+        job_id, effect_id = await write_in_doubt(stack, session, routing_logs)
 
         async def settling() -> dict[str, Any] | None:
             status = await call(session, "job_status", job_id=job_id)
@@ -401,7 +440,7 @@ def test_a_worker_that_dies_at_once_is_restarted_at_most_once_a_second(tmp_path:
     store = JobStore(tmp_path / "routing-state")
     supervisor = Supervisor(
         ServerSettings(
-            proxy_url="http://127.0.0.1:9",
+            proxy=ProxyAccess("http://127.0.0.1:9"),
             state_dir=tmp_path / "routing-state",
             workers=1,
             lease_ttl_s=LEASE_TTL_S,
@@ -436,7 +475,7 @@ async def test_shutdown_stops_a_stalled_worker_before_its_write_and_closes_its_a
     stack: Stack, routing_logs: RoutingLogs
 ) -> None:
     async with routing_server(stack, routing_logs) as session:
-        job_id, worker_a = await start_story(stack, session)
+        job_id, worker_a = await start_story(stack, session, routing_logs)
     # The MCP client closed the server's stdin: the server stopped its workers (SIGTERM,
     # then SIGCONT for a stopped one, which dies of the pending SIGTERM before it runs).
 

@@ -1,0 +1,282 @@
+"""The proxy's listener: request heads counted as they arrive, and connections capped.
+
+aiohttp's parser keeps a request head until it is complete, up to 256 headers of
+64 KiB each (16 MiB per connection); the proxy's own header checks run once it is.
+Each connection here is a `GuardedConnection` in front of aiohttp's RequestHandler:
+it feeds what arrives to a `HeadCounter` (core/request_heads.py) before the handler
+sees it, and a head over the limits is answered `431 headers_too_large` or
+`414 uri_too_long` (problem+json) and the connection closed, having held a few KiB.
+
+At most `limits.max_connections` connections are open. One more closes the
+connection that has waited longest without a request being handled (an unfinished
+head, or an idle keep-alive connection); if every connection has a request being
+handled, the new one is answered `503 overloaded` and closed. A worker connecting
+during a flood of unfinished heads is then the newest and is served.
+
+Everything here is aiohttp's public API (AppRunner, its `server` protocol factory,
+`request.protocol`) and asyncio's: the listener is `loop.create_server` over a
+factory that wraps aiohttp's, which is how TCPSite builds it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import signal
+import ssl
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from core.codes import ErrorCode
+from core.request_heads import HeadCounter, HeadLimits
+from proxy.metrics import Metrics
+from proxy.problems import problem_document
+from proxy.requests import MAX_HEADER_TOTAL, MAX_TARGET
+
+# The head as sent, line ends and spaces included: the exact checks on what the
+# parser made of it (proxy/requests.py, 8 KiB per value and 32 KiB of names and
+# values) still run in the handler; these only stop a head well before the parser
+# would hold megabytes of it. Room is left for a method, a version and line ends.
+HEAD_LIMITS = HeadLimits(
+    request_line=MAX_TARGET + 1024,
+    # aiohttp's own max_headers (proxy/cli.py PARSER_LIMITS): its plain-text 400
+    # for one more is then never reached.
+    header_lines=256,
+    header_bytes=MAX_HEADER_TOTAL + 8192,
+)
+_DETAILS = {
+    ErrorCode.HEADERS_TOO_LARGE: (
+        f"the request's header block is over {HEAD_LIMITS.header_bytes} bytes as sent "
+        f"or {HEAD_LIMITS.header_lines} lines"
+    ),
+    ErrorCode.URI_TOO_LONG: f"the request line is over {HEAD_LIMITS.request_line} bytes",
+    ErrorCode.OVERLOADED: "every connection the proxy keeps open has a request being handled",
+}
+# After a refusal the client may still be sending: closing at once would reset the
+# connection and could destroy the answer before it is read. Its bytes are read and
+# dropped for this long, or up to this many (a client still sending after that is
+# not reading answers, and dropping its bytes costs the proxy a core), then the
+# connection is closed.
+LINGER_S = 2.0
+LINGER_BYTES = 256 * 1024
+# The freed memory of many closed connections goes back to the system this long
+# after the last one closed (glibc keeps freed heap otherwise; see `_MallocTrim`).
+TRIM_DELAY_S = 1.0
+
+
+def refusal_bytes(code: ErrorCode) -> bytes:
+    """A whole answer, written on the connection before aiohttp has a request for it."""
+    body = problem_document(code, _DETAILS[code])
+    extra = "Retry-After: 1\r\n" if code is ErrorCode.OVERLOADED else ""
+    head = (
+        f"HTTP/1.1 {code.status} {HTTPStatus(code.status).phrase}\r\n"
+        f"Content-Type: application/problem+json\r\nContent-Length: {len(body)}\r\n"
+        f"{extra}Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class GuardedConnection(asyncio.Protocol):
+    """One client connection: aiohttp's handler, behind the head counter."""
+
+    def __init__(self, guard: ConnectionGuard, handler: asyncio.Protocol) -> None:
+        self._guard = guard
+        self.handler = handler
+        self.counter = HeadCounter(HEAD_LIMITS)
+        self.transport: asyncio.Transport | None = None
+        self._refused = False
+        self._dropped = 0  # bytes received since the refusal
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.handler.connection_made(transport)
+        self._guard.opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES and self.transport is not None:
+                self.transport.close()
+            return
+        heads_before = self.counter.heads_completed
+        refusal = self.counter.feed(data)
+        if refusal is not None:
+            self._guard.count_refusal(refusal)
+            self.refuse(refusal)
+            return
+        if self.counter.heads_completed != heads_before:
+            self._guard.request_started(self)
+        self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard.closed(self)
+        self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+    def refuse(self, code: ErrorCode) -> None:
+        """Answer `code` and close, whatever the connection was doing."""
+        transport = self.transport
+        if self._refused or transport is None or transport.is_closing():
+            return
+        self._refused = True
+        transport.write(refusal_bytes(code))
+        # A connection refused for want of room must give its room back at once.
+        if code is not ErrorCode.OVERLOADED and transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        else:  # TLS cannot half-close: close once the answer is written.
+            transport.close()
+
+    def shed(self) -> None:
+        """Close at once: the connection had no request being handled."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class ConnectionGuard:
+    """Open connections in the order they began waiting for a request head."""
+
+    def __init__(self, max_connections: int, metrics: Metrics) -> None:
+        self._max = max_connections
+        self._metrics = metrics
+        self._open: dict[asyncio.Protocol, GuardedConnection] = {}  # by aiohttp's handler
+        # Connections with no request being handled, oldest wait first (dicts keep
+        # insertion order): a request's end puts its connection last.
+        self._waiting: dict[GuardedConnection, None] = {}
+        self._trim = _MallocTrim()
+
+    def protocol_factory(
+        self, handler_factory: Callable[[], asyncio.Protocol]
+    ) -> Callable[[], GuardedConnection]:
+        """What `loop.create_server` calls per connection, around aiohttp's factory."""
+        return lambda: GuardedConnection(self, handler_factory())
+
+    def opened(self, connection: GuardedConnection) -> None:
+        if len(self._open) >= self._max:
+            if self._waiting:
+                oldest = next(iter(self._waiting))
+                self._forget(oldest)
+                oldest.shed()
+                self._metrics.connections_shed.labels("evicted").inc()
+            else:
+                self._metrics.connections_shed.labels("refused").inc()
+                connection.refuse(ErrorCode.OVERLOADED)
+                return
+        self._open[connection.handler] = connection
+        self._waiting[connection] = None
+        self._metrics.open_connections.set(len(self._open))
+
+    def closed(self, connection: GuardedConnection) -> None:
+        self._forget(connection)
+        self._trim.after_close()
+
+    def _forget(self, connection: GuardedConnection) -> None:
+        if self._open.pop(connection.handler, None) is not None:
+            self._metrics.open_connections.set(len(self._open))
+        self._waiting.pop(connection, None)
+
+    def request_started(self, connection: GuardedConnection) -> None:
+        self._waiting.pop(connection, None)
+
+    def request_ended(self, connection: GuardedConnection) -> None:
+        if connection.handler in self._open:
+            self._waiting.pop(connection, None)
+            self._waiting[connection] = None
+
+    def count_refusal(self, code: ErrorCode) -> None:
+        self._metrics.count_refusal(code)
+
+    @web.middleware
+    async def middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A connection with a request being handled is never the one evicted."""
+        connection = self._open.get(request.protocol)
+        if connection is None:
+            return await handler(request)
+        self.request_started(connection)
+        try:
+            return await handler(request)
+        finally:
+            self.request_ended(connection)
+
+
+class _MallocTrim:
+    """glibc keeps the heap that closed connections freed, so a process that took a
+    burst keeps its peak size; `malloc_trim(0)` gives the free pages back. Called once
+    the connections stop closing for TRIM_DELAY_S, not on every close (it walks the
+    heap). A no-op where the C library is not glibc."""
+
+    def __init__(self) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        name = ctypes.util.find_library("c")
+        library = ctypes.CDLL(name) if name else None
+        self._trim: Callable[[int], int] | None = getattr(library, "malloc_trim", None)
+
+    def after_close(self) -> None:
+        if self._trim is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._run)
+
+    def _run(self) -> None:
+        self._handle = None
+        assert self._trim is not None
+        self._trim(0)
+
+
+async def serve(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    grace_s: float,
+    max_connections: int,
+    metrics: Metrics,
+    server_options: dict[str, Any],
+) -> None:
+    """Serve `app` until SIGTERM or SIGINT, then stop as aiohttp's run_app does:
+    close the listener, wait up to `grace_s` for requests in flight, run the cleanups."""
+    guard = ConnectionGuard(max_connections, metrics)
+    # First: requests refused by the other middlewares also end and free their connection.
+    app.middlewares.insert(0, guard.middleware)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace_s, **server_options)
+    try:
+        await runner.setup()
+        handler_factory = runner.server
+        assert handler_factory is not None
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(
+            guard.protocol_factory(handler_factory),
+            host,
+            port,
+            ssl=ssl_context,
+            backlog=128,
+            reuse_address=True,
+        )
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            listener.close()
+    finally:
+        await runner.cleanup()

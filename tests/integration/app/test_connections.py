@@ -1,0 +1,229 @@
+"""The guarded listener (proxy/connections.py) in front of a small aiohttp app: heads over
+the limits are answered while they arrive, legitimate framing passes, and past
+`max_connections` the connection waiting longest is closed (issue 17, item 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from proxy.connections import HEAD_LIMITS, LINGER_BYTES, ConnectionGuard
+from proxy.metrics import Metrics
+
+WITHIN_S = 5.0
+
+
+@dataclass
+class Listener:
+    port: int
+    guard: ConnectionGuard
+    metrics: Metrics
+    handled: list[str]
+    release: asyncio.Event  # /block waits for it
+
+
+async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner, asyncio.Server]:
+    handled: list[str] = []
+    release = asyncio.Event()
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        handled.append(request.path)
+        return web.Response(text=f"{request.path} {len(body)}")
+
+    async def block(request: web.Request) -> web.Response:
+        handled.append(request.path)
+        await release.wait()
+        return web.Response(text="released")
+
+    metrics = Metrics()
+    guard = ConnectionGuard(max_connections, metrics)
+    app = web.Application(middlewares=[guard.middleware])
+    app.router.add_route("*", "/block", block)
+    app.router.add_route("*", "/{tail:.*}", echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    assert runner.server is not None
+    server = await asyncio.get_running_loop().create_server(
+        guard.protocol_factory(runner.server), "127.0.0.1", 0
+    )
+    port = server.sockets[0].getsockname()[1]
+    return Listener(port, guard, metrics, handled, release), runner, server
+
+
+@contextlib.asynccontextmanager
+async def listening(max_connections: int = 100) -> AsyncIterator[Listener]:
+    started, runner, server = await start_listener(max_connections)
+    try:
+        yield started
+    finally:
+        started.release.set()
+        server.close()
+        await runner.cleanup()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Bounded polling, for what the server does on its own time."""
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def connect(listener: Listener) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", listener.port)
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One answer with a Content-Length body: (status, body)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")
+    )
+    body = await asyncio.wait_for(reader.readexactly(length), WITHIN_S)
+    return int(lines[0].split()[1]), body
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    return await asyncio.wait_for(reader.read(), WITHIN_S)
+
+
+def shed(metrics: Metrics, how: str) -> float:
+    value = metrics.registry.get_sample_value("fenceproxy_connections_shed_total", {"how": how})
+    assert value is not None
+    return value
+
+
+def open_connections(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value("fenceproxy_open_connections")
+    assert value is not None
+    return value
+
+
+# --- heads over the limits --------------------------------------------------------------
+
+
+async def test_a_header_block_that_never_ends_is_answered_431_as_it_passes_the_limit() -> None:
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(b"GET /flood HTTP/1.1\r\nHost: p\r\n")
+        # Past the limit by one header line, and never a blank line.
+        for number in range(HEAD_LIMITS.header_bytes // 8000 + 1):
+            writer.write(b"X-Flood-%d: %s\r\n" % (number, b"a" * 8000))
+        status, body = await answer(reader)
+        assert status == 431
+        assert json.loads(body)["code"] == "headers_too_large"
+        assert await closed_by_server(reader) == b""
+        writer.close()
+        assert listener.handled == []
+        refusals = listener.metrics.registry.get_sample_value(
+            "fenceproxy_refusals_total", {"code": "headers_too_large"}
+        )
+        assert refusals == 1
+
+
+async def test_a_client_that_keeps_sending_after_a_refusal_is_cut_off() -> None:
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(b"GET /" + b"a" * HEAD_LIMITS.request_line)
+        assert (await answer(reader))[0] == 414
+        sent = 0
+        with pytest.raises(ConnectionError):
+            # The proxy drops LINGER_BYTES and closes; the rest is what the kernels
+            # buffer. Dropping all it gets for LINGER_S would take gigabytes.
+            while sent < 100 * LINGER_BYTES:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                sent += 65536
+        writer.close()
+
+
+async def test_a_request_line_over_the_limit_is_answered_414() -> None:
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(b"GET /" + b"a" * HEAD_LIMITS.request_line)
+        status, body = await answer(reader)
+        assert status == 414
+        assert json.loads(body)["code"] == "uri_too_long"
+        writer.close()
+
+
+async def test_bodies_and_pipelined_requests_pass_through_the_counter() -> None:
+    # Each body is larger than the header limit: were it counted as a head, it would be refused.
+    big = b"\r\n" * HEAD_LIMITS.header_bytes
+    chunked = b"".join(b"2\r\n\r\n\r\n" for _ in range(HEAD_LIMITS.header_bytes))
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(
+            b"POST /one HTTP/1.1\r\nHost: p\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)
+            + b"POST /two HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked
+            + b"0\r\n\r\n"
+            + b"GET /three HTTP/1.1\r\nHost: p\r\n\r\n"
+        )
+        answers = [await answer(reader) for _ in range(3)]
+        writer.close()
+    assert answers == [
+        (200, b"/one %d" % len(big)),
+        (200, b"/two %d" % (2 * HEAD_LIMITS.header_bytes)),
+        (200, b"/three 0"),
+    ]
+
+
+# --- max_connections --------------------------------------------------------------------
+
+
+async def test_past_the_cap_the_connection_waiting_longest_is_closed() -> None:
+    async with listening(max_connections=3) as listener:
+        idle = [await connect(listener) for _ in range(3)]
+        idle[0][1].write(b"GET /never-finished HTTP/1.1\r\n")
+        await until(lambda: open_connections(listener.metrics) == 3, "3 connections open")
+        reader, writer = await connect(listener)
+        writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(reader) == (200, b"/served 0")
+        assert await closed_by_server(idle[0][0]) == b""
+        assert shed(listener.metrics, "evicted") == 1
+        assert open_connections(listener.metrics) == 3
+        for _, idle_writer in [*idle, (reader, writer)]:
+            idle_writer.close()
+
+
+async def test_a_connection_with_a_request_being_handled_is_not_evicted() -> None:
+    async with listening(max_connections=2) as listener:
+        busy_reader, busy_writer = await connect(listener)
+        busy_writer.write(b"GET /block HTTP/1.1\r\nHost: p\r\n\r\n")
+        await until(lambda: listener.handled == ["/block"], "the blocking request")
+        idle_reader, idle_writer = await connect(listener)
+        await until(lambda: open_connections(listener.metrics) == 2, "2 connections open")
+        reader, writer = await connect(listener)
+        assert await closed_by_server(idle_reader) == b""
+        writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(reader) == (200, b"/served 0")
+        listener.release.set()
+        assert await answer(busy_reader) == (200, b"released")
+        for stream_writer in (busy_writer, idle_writer, writer):
+            stream_writer.close()
+
+
+async def test_when_every_connection_has_a_request_being_handled_a_new_one_gets_503() -> None:
+    async with listening(max_connections=1) as listener:
+        busy_reader, busy_writer = await connect(listener)
+        busy_writer.write(b"GET /block HTTP/1.1\r\nHost: p\r\n\r\n")
+        await until(lambda: listener.handled == ["/block"], "the blocking request")
+        reader, writer = await connect(listener)
+        status, body = await answer(reader)
+        assert status == 503
+        assert json.loads(body)["code"] == "overloaded"
+        assert shed(listener.metrics, "refused") == 1
+        listener.release.set()
+        assert await answer(busy_reader) == (200, b"released")
+        busy_writer.close()
+        writer.close()

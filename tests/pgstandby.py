@@ -1,0 +1,130 @@
+"""A PostgreSQL primary and its hot standby of its own, for the tests that need one.
+
+`StandbyPair()` is a context manager: on enter it makes a primary cluster in a
+temporary directory (`initdb`, trust authentication, on a free 127.0.0.1 port),
+starts it, clones it with `pg_basebackup -R` (a streaming standby) and starts the
+clone on another free port; on exit it stops both (`pg_ctl stop -m immediate`) and
+removes the directory. About 4 s on this project's machine.
+
+The clusters are plain directories, not `pg_createcluster` clusters: nothing is
+registered system-wide, so a test that dies leaves nothing for the next run but a
+temporary directory. PostgreSQL refuses to run as root: as root the binaries run as
+the `postgres` user (`runuser`). The binaries are the newest under
+/usr/lib/postgresql (Debian's layout), or on PATH; without them the tests that need
+them fail under CI and skip otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+from support.processes import free_port
+
+COMMAND_TIMEOUT_S = 60.0
+
+
+def postgres_bin() -> Path | None:
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
+    )
+    if versions:
+        return versions[-1]
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb is not None else None
+
+
+def require_postgres_bin() -> Path:
+    found = postgres_bin()
+    if found is not None and (found / "initdb").exists():
+        return found
+    reason = "PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are not installed"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+class StandbyPair:
+    """A primary and its hot standby; `primary_url` and `standby_url` name database
+    `postgres` on each, as user `postgres`."""
+
+    def __init__(self) -> None:
+        self.primary_port = 0
+        self.standby_port = 0
+        self._dir: Path | None = None
+        self._bin = Path()
+        self._started: list[Path] = []
+
+    @property
+    def primary_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.primary_port}/postgres"
+
+    @property
+    def standby_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.standby_port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        argv = [str(self._bin / tool), *args]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        subprocess.run(argv, check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+
+    def _start(self, data: Path, port: int) -> None:
+        assert self._dir is not None
+        options = f"-p {port} -k {self._dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run("pg_ctl", "-D", str(data), "-o", options, "-l", f"{data}.log", "-w", "start")
+        self._started.append(data)
+
+    def __enter__(self) -> StandbyPair:
+        self._bin = require_postgres_bin()
+        self._dir = Path(tempfile.mkdtemp(prefix="fenceproxy-standby-"))
+        if os.geteuid() == 0:
+            shutil.chown(self._dir, "postgres")
+        try:
+            primary, standby = self._dir / "primary", self._dir / "standby"
+            self._run("initdb", "-D", str(primary), "-A", "trust", "-U", "postgres", "--no-sync")
+            self.primary_port = free_port()
+            self._start(primary, self.primary_port)
+            self._run(
+                "pg_basebackup",
+                "-D",
+                str(standby),
+                "-R",
+                "-c",
+                "fast",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.primary_port),
+                "-U",
+                "postgres",
+            )
+            self.standby_port = free_port()
+            self._start(standby, self.standby_port)
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def _stop(self) -> None:
+        for data in reversed(self._started):
+            self._run("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")
+        self._started = []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop()
