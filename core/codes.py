@@ -48,6 +48,7 @@ class ErrorCode(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     REQUEST_TIMEOUT = "request_timeout"
     OVERLOADED = "overloaded"
+    EXPECTATION_FAILED = "expectation_failed"
 
     @property
     def status(self) -> int:
@@ -221,5 +222,10 @@ _PROBLEMS = {
         "Outcome unknown",
         "sent, outcome unknown; effect `UNKNOWN`, resource now blocked; on a pass-through "
         "route, sent and no complete answer (no effect is recorded there)",
+    ),
+    ErrorCode.EXPECTATION_FAILED: _Problem(
+        417,
+        "Expectation not supported",
+        "an `Expect` header other than `100-continue`; nothing was read or forwarded",
     ),
 }

@@ -82,6 +82,8 @@ class Node:
             value = self.scalar()
             if value is NOT_A_SCALAR:
                 return f"{self.raw.value!r} tagged {self.raw.tag}"
+            if value is None:  # `null`, `~` or nothing: named as YAML writes it
+                return "null"
             return repr(value)
         return "a list" if self.is_sequence else "a mapping"
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from core.probing import DEADLINE_MARGIN_S
@@ -21,7 +21,7 @@ from proxy import control, fenced, forwarding, operations, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
-from proxy.problems import ProblemError, problem
+from proxy.problems import ProblemError, http_error_problem, problem
 from proxy.requests import (
     BODY_TIMEOUT,
     check_header_encoding,
@@ -95,12 +95,32 @@ def build_app(
     if policy.metrics_listen is not None:
         app.cleanup_ctx.append(_metrics_listener_ctx)
     app.on_shutdown.append(_log_stop)
+    app.on_response_prepare.append(_http_errors_as_problems)
     control.add_routes(app, metrics=policy.metrics_listen is None)
     ui.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
     app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
     return app
+
+
+async def _http_errors_as_problems(request: web.Request, response: web.StreamResponse) -> None:
+    """An error aiohttp raises where no middleware runs (its own Expect handler, on the
+    routes that keep it and on the router's 404 and 405) goes out as the exception
+    itself, a text/plain answer. It is rewritten here into the problem document of its
+    status: its headers are computed but not yet sent, so the length is set anew."""
+    if not isinstance(response, web.HTTPException) or response.status < 400:
+        return
+    replacement = http_error_problem(response)
+    if replacement.status != response.status:
+        # No code has this status; only 417 is raised there today, and the status of
+        # an answer being prepared can no longer change.
+        return
+    body = replacement.body
+    assert isinstance(body, bytes)
+    response.body = body
+    response.headers[hdrs.CONTENT_TYPE] = "application/problem+json"
+    response.headers[hdrs.CONTENT_LENGTH] = str(len(body))
 
 
 async def _log_stop(app: web.Application) -> None:
@@ -344,7 +364,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             return problem(ErrorCode.NOT_FOUND, f"nothing at {request.path}")
         if exc.status == 413:
             return problem(ErrorCode.PAYLOAD_TOO_LARGE, "the body is too large")
-        raise
+        if exc.status < 400:  # a redirect (the status page's) is an answer, not an error
+            raise
+        answer = http_error_problem(exc)
+        if answer.status != exc.status:
+            log.error("unexpected HTTP %d on %s %s", exc.status, request.method, request.path)
+        return answer
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return problem(

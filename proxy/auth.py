@@ -50,15 +50,37 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
+def env_secret(environ: Mapping[str, str], name: str) -> str | None:
+    """The key or token in variable `name`, without surrounding whitespace (a secret
+    file's newline, a quoted value's spaces): a presented key is stripped too, so one
+    kept with them could never match. None when unset, empty or whitespace only."""
+    return environ.get(name, "").strip() or None
+
+
+def blank_admin_token_warnings(policy: Policy, environ: Mapping[str, str]) -> list[str]:
+    """One line per admin token variable that is set to whitespace only: taken as
+    unset (the admin API off, or one token fewer), which is worth saying."""
+    named = (
+        ("admin_token_env", policy.admin_token_env),
+        ("admin_token_next_env", policy.admin_token_next_env),
+    )
+    return [
+        f"{key}: {name} holds only whitespace: taken as unset"
+        for key, name in named
+        if name is not None and environ.get(name) and env_secret(environ, name) is None
+    ]
+
+
 def missing_keys(policy: Policy, environ: Mapping[str, str]) -> list[str]:
-    """One line per client whose `key_env` is unset or empty in `environ`."""
+    """One line per client whose `key_env` is unset, empty or whitespace only in
+    `environ` (`env_secret`)."""
     if policy.auth is None:
         return []
     return [
-        f"auth.clients[{index}].key_env (line {client.line}): {client.key_env} is not set, "
-        f"so client {client.name!r} has no key"
+        f"auth.clients[{index}].key_env (line {client.line}): {client.key_env} is not set "
+        f"(or holds only whitespace), so client {client.name!r} has no key"
         for index, client in enumerate(policy.auth.clients)
-        if client.key_env is not None and not environ.get(client.key_env)
+        if client.key_env is not None and env_secret(environ, client.key_env) is None
     ]
 
 
@@ -76,17 +98,19 @@ class Credentials:
     def of(
         cls, policy: Policy, admin_tokens: Sequence[str], environ: Mapping[str, str]
     ) -> Credentials:
-        """From the policy, the admin tokens in use (empty ones ignored) and the
-        environment the clients' `key_env` names are read from."""
+        """From the policy, the admin tokens in use (stripped; blank ones ignored) and
+        the environment the clients' `key_env` names are read from."""
         missing = missing_keys(policy, environ)
         if missing:
             raise KeyProblem(missing[0])
-        keys = [(_digest(token), ADMIN) for token in admin_tokens if token]
+        keys = [(_digest(token.strip()), ADMIN) for token in admin_tokens if token.strip()]
         for client in policy.auth.clients if policy.auth is not None else ():
             if client.key_sha256 is not None:
                 keys.append((bytes.fromhex(client.key_sha256), client))
             elif client.key_env is not None:
-                keys.append((_digest(environ[client.key_env]), client))
+                key = env_secret(environ, client.key_env)
+                assert key is not None  # missing_keys refused it above
+                keys.append((_digest(key), client))
         seen: dict[bytes, AuthClient] = {}
         for digest, client in keys:
             other = seen.setdefault(digest, client)

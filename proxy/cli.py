@@ -27,11 +27,18 @@ from policies import ConfigError, Policy, load_policy
 from policies.tls import server_context
 from proxy import connections, operations
 from proxy.app import build_app, default_instance_id, new_instance_id
-from proxy.auth import KeyProblem, exposure_warning, missing_keys
+from proxy.auth import (
+    KeyProblem,
+    blank_admin_token_warnings,
+    env_secret,
+    exposure_warning,
+    missing_keys,
+)
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from proxy.runtime import RUNTIME
+from proxy.terminal import printable
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, check_server, open_store
 from store.files import backup_sqlite, schema_versions
@@ -75,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except OperationRefused as refused:
         # The admin API's problem+json says the same: its detail and its code.
-        print(f"fenceproxy: {refused.detail} ({refused.code})", file=sys.stderr)
+        print(f"fenceproxy: {printable(refused.detail)} ({refused.code})", file=sys.stderr)
         sys.exit(1)
     except (CommandError, StoreError) as exc:
-        print(f"fenceproxy: {exc}", file=sys.stderr)
+        print(f"fenceproxy: {printable(str(exc))}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -304,9 +311,9 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port if args.port is not None else policy.listen.port,
     )
     policy = dataclasses.replace(policy, listen=listen)
-    admin_token = os.environ.get(policy.admin_token_env) if policy.admin_token_env else None
+    admin_token = env_secret(os.environ, policy.admin_token_env) if policy.admin_token_env else None
     next_env = policy.admin_token_next_env
-    admin_token_next = os.environ.get(next_env) if next_env else None
+    admin_token_next = env_secret(os.environ, next_env) if next_env else None
     logging.basicConfig(
         level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -331,9 +338,9 @@ def _serve(args: argparse.Namespace) -> int:
         _check_free(metrics.host, metrics.port, "metrics_listen.port")
     # Before the banner: a standby or a read-only database is refused, not started on.
     asyncio.run(check_server(policy.store, policy.store_pool))
-    warning = exposure_warning(policy)
-    if warning is not None:
-        print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
+    for warning in [exposure_warning(policy), *blank_admin_token_warnings(policy, os.environ)]:
+        if warning is not None:
+            print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
     admin_tokens = sum(bool(token) for token in (admin_token, admin_token_next))
     clients = len(policy.auth.clients) if policy.auth is not None else 0
     tls = policy.listen.tls
@@ -450,9 +457,11 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return
-    widths = [max(len(_cell(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(_cell(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+    # Cells hold stored strings (paths, reasons, names sent by anyone): escaped.
+    shown = [[printable(_cell(cell)) for cell in row] for row in [header, *rows]]
+    widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
+    for row in shown:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
 def _cell(value: object) -> str:
@@ -573,7 +582,7 @@ def _reconcile_list(args: argparse.Namespace) -> int:
         "probes",
         "last result",
     ]
-    print(f"blocked resources: {', '.join(report.blocked_resources) or 'none'}")
+    print(f"blocked resources: {printable(', '.join(report.blocked_resources)) or 'none'}")
     _print(args, report.as_json(), rows, header)
     return 0
 
@@ -645,7 +654,11 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, status.as_json(), [], [])
         return 0 if status.store_answers else 1
-    answers = "answers" if status.store_answers else f"does not answer: {status.store_problem}"
+    answers = (
+        "answers"
+        if status.store_answers
+        else f"does not answer: {printable(str(status.store_problem))}"
+    )
     print(f"store: {status.backend}, {answers}")
     if not status.store_answers:
         return 1
@@ -740,7 +753,7 @@ CHART_WIDTH = 40
 def _print_advice(advice: Advice) -> None:
     for group in advice.groups:
         data = group.as_json()
-        print(f"{group.resource}: {group.stats.turns} measured turn(s)")
+        print(f"{printable(group.resource)}: {group.stats.turns} measured turn(s)")
         rows = [["turns", str(group.stats.turns)]]
         turn_s = data["turn_s"]
         if isinstance(turn_s, dict):
@@ -781,7 +794,7 @@ def _print_advice(advice: Advice) -> None:
                 bar = "#" * round(share * CHART_WIDTH)
                 print(f"  {lease:>{width}g} s |{bar:<{CHART_WIDTH}}| {share * 100:5.1f}%")
         for warning in group.warnings:
-            print(f"  warning: {warning}")
+            print(f"  warning: {printable(warning)}")
         print(f"  => {recommendation(group)}")
         print()
     if advice.routes:
@@ -799,7 +812,7 @@ def _print_advice(advice: Advice) -> None:
             )
         _table(rows, ["route", "requests", "p50_s", "p99_s", "max_s", "timeout_s", "check"])
     for problem in advice.problems:
-        print(f"problem: {problem}")
+        print(f"problem: {printable(problem)}")
 
 
 def _seconds_text(value: object) -> str:
@@ -807,7 +820,9 @@ def _seconds_text(value: object) -> str:
 
 
 def _table(rows: list[list[str]], header: list[str], indent: str = "") -> None:
-    shown = [header, *rows] if any(header) else rows
+    shown = [
+        [printable(cell) for cell in row] for row in ([header, *rows] if any(header) else rows)
+    ]
     widths = [max(len(cell) for cell in column) for column in zip(*shown, strict=True)]
     for row in shown:
         line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))

@@ -17,7 +17,14 @@ from proxy import auth, openapi, operations
 from proxy.operations import OperationRefused
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
-from proxy.requests import defer_continue, holder_name, json_object, single_header, ttl
+from proxy.requests import (
+    defer_continue,
+    holder_name,
+    json_object,
+    refuse_unissued_token_before_inviting,
+    single_header,
+    ttl,
+)
 from proxy.runtime import Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
@@ -106,7 +113,7 @@ async def acquire(request: web.Request) -> web.Response:
     resource = operations.resource_name(data.get("resource"))
     auth.check_scope(client, resource)
     holder = holder_name(data.get("holder"))
-    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    seconds = ttl(data, runtime.policy.leases)
     refusal = over_acquire_rate(runtime, quota_subject(request, holder), resource)
     if refusal is not None:
         return await _refuse_acquire(request, refusal, resource, holder)
@@ -140,8 +147,9 @@ async def _refuse_acquire(
 async def renew(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
+    await refuse_unissued_token_before_inviting(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
-    seconds = ttl(data.get("ttl_s"), runtime.policy.leases)
+    seconds = ttl(data, runtime.policy.leases)
     standing = request.config_dict[auth.CREDENTIALS].standing
     result = await runtime.store.renew(token_hash(token), seconds, standing)
     if isinstance(result, Refusal):
@@ -154,6 +162,7 @@ async def renew(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
+    await refuse_unissued_token_before_inviting(request, token, runtime.store)
     await json_object(request, set())
     result = await runtime.store.release(token_hash(token))
     if isinstance(result, Refusal):
@@ -305,6 +314,11 @@ def _operator(client: AuthClient, named: object) -> object:
     names the operator (required, as the CLI's --operator); a client is its own name,
     followed by the person it names, if any."""
     if client is auth.ADMIN:
+        if named is None:
+            raise ProblemError(
+                ErrorCode.INVALID_REQUEST,
+                "operator is required with the admin token: it is shared, so name who decides",
+            )
         return named
     if named is None:
         return client.name
@@ -324,8 +338,10 @@ async def list_in_doubt(request: web.Request) -> web.Response:
 
 
 async def guarded_metrics(request: web.Request) -> web.Response:
-    """Metrics on the main listener: open without `auth:`, `read` with it."""
-    auth.guard(request, Right.READ)
+    """Metrics on the main listener: open without `auth:`; with it, `read` on every
+    resource (`*`): the counts span all resources (leases, refusals, effects by route),
+    and a reader scoped to some would learn of the others' traffic."""
+    auth.check_scope(auth.guard(request, Right.READ), None)
     return await metrics(request)
 
 
@@ -389,7 +405,9 @@ def this_instance(runtime: Runtime) -> operations.ThisInstance:
 async def service_status(request: web.Request) -> web.Response:
     """This instance, the store and whether it answers, the replicas seen lately: what
     `fenceproxy status` prints, from the same operation. A store that does not answer
-    is part of the answer (200), not a refusal."""
+    is part of the answer (200), not a refusal. Any reader may ask, whatever its
+    globs: nothing here is about a resource (anything that is must be filtered by
+    scope, as the listings are, or need `*`, as the metrics do)."""
     auth.require(request, Right.READ)
     runtime = runtime_of(request)
     status = await operations.service_status(

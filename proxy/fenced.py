@@ -25,7 +25,13 @@ from policies import RESOURCE_RE, RouteMatch
 from proxy import forwarding
 from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
-from proxy.requests import fingerprint, idempotency_key, read_body, single_header
+from proxy.requests import (
+    fingerprint,
+    idempotency_key,
+    read_body,
+    refuse_unissued_token_before_inviting,
+    single_header,
+)
 from proxy.runtime import Runtime
 from proxy.tokens import token_hash, well_formed
 from store import Admitted, NewEffect, Receipt
@@ -76,6 +82,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
                 ErrorCode.MISSING_IDEMPOTENCY_KEY,
                 f"route {route.name} needs an Idempotency-Key header",
             )
+        await refuse_unissued_token_before_inviting(request, token, runtime.store)
         body = await read_body(request, route.max_body_bytes)
     except ProblemError as exc:
         exc.context.update(route=route.name, resource=resource)

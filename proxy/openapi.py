@@ -164,7 +164,7 @@ _LEASE_ADVICE_PARAMETERS = [
     ),
     _query(
         "leases",
-        "lease lengths (seconds, more than 0) of the false-expiry curve, comma-separated "
+        "lease lengths (seconds, 0 or more) of the false-expiry curve, comma-separated "
         "(default: a round grid up to the longest turn)",
         _comma_list(MAX_GRID_POINTS),
     ),
@@ -360,7 +360,9 @@ def _responses(success: dict[str, dict[str, Any]], *codes: Iterable[ErrorCode]) 
     return responses
 
 
-def _body(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
+def _body(
+    properties: dict[str, Any], required: Iterable[str] = (), description: str | None = None
+) -> dict[str, Any]:
     """A JSON object body; unknown fields are refused (`invalid_request`)."""
     schema: dict[str, Any] = {
         "type": "object",
@@ -369,10 +371,13 @@ def _body(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str,
     }
     if required:
         schema["required"] = list(required)
-    return {
+    body: dict[str, Any] = {
         "required": bool(required),
         "content": {"application/json": {"schema": schema}},
     }
+    if description is not None:
+        body["description"] = description
+    return body
 
 
 def _ttl(leases: LeaseBounds | None) -> dict[str, Any]:
@@ -383,7 +388,8 @@ def _ttl(leases: LeaseBounds | None) -> dict[str, Any]:
         "minimum": leases.min_ttl_s,
         "maximum": leases.max_ttl_s,
         "default": leases.default_ttl_s,
-        "description": "seconds, within the policy's `leases` bounds",
+        "description": "seconds, within the policy's `leases` bounds; absent: the "
+        "default (`null` is refused)",
     }
 
 
@@ -712,6 +718,10 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                             },
                         },
                         required=["outcome", "reason"],
+                        description="`operator` is required with the admin token (shared by "
+                        "whoever holds it, so the caller names who decides; `400 "
+                        "invalid_request` without); with a client's key it is optional, the "
+                        "decision being recorded as the client's name (then `/operator`)",
                     ),
                     "responses": _responses(
                         {"200": _json(_ref("Effect"), "the settled effect")},
@@ -738,7 +748,8 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
             },
             "/_fence/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (here unless `metrics_listen` moves them)",
+                    "summary": "Prometheus metrics (here unless `metrics_listen` moves them); "
+                    "with `auth:`, `read` on every resource (`*`): the counts span them all",
                     "security": _OPEN_OR_CLIENT,
                     "responses": _responses(
                         {
@@ -747,7 +758,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                 "content": {"text/plain": {"schema": {"type": "string"}}},
                             }
                         },
-                        _GUARDED,
+                        _SCOPED,
                     ),
                 }
             },

@@ -411,9 +411,8 @@ def advice_request(
         since_s = _bounded_number(since, "since", 0.0, math.inf, 0.0, low_open=True)
     grid = None
     if leases is not None:
+        # 0 is a point like any other: a 0 s lease cuts every turn short.
         grid = tuple(sorted(_numbers(leases, "leases", 0.0, MAX_GRID_LEASE_S, MAX_GRID_POINTS)))
-        if 0.0 in grid:
-            raise _invalid("leases: every lease must be more than 0 seconds")
     bounds = policy.leases
     return AdviceRequest(
         resource=resource_glob(resource),

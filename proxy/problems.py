@@ -41,6 +41,32 @@ def problem(
     )
 
 
+# The codes for the statuses aiohttp answers with an HTTPException of its own (the
+# router, the static files, the Expect handler). Any other status from one is a bug.
+_CODE_OF_HTTP_STATUS = {
+    code.status: code
+    for code in (
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.NO_ROUTE,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.REQUEST_TIMEOUT,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.URI_TOO_LONG,
+        ErrorCode.EXPECTATION_FAILED,
+        ErrorCode.HEADERS_TOO_LARGE,
+    )
+}
+
+
+def http_error_problem(error: web.HTTPException) -> web.Response:
+    """The problem document for an error aiohttp raised (`error.status` >= 400): the
+    code of its status, or `internal_error` (500) for a status no code of ours has."""
+    code = _CODE_OF_HTTP_STATUS.get(error.status)
+    if code is None:
+        return problem(ErrorCode.INTERNAL_ERROR, f"unexpected {error.status} {error.reason}")
+    return problem(code, error.text or f"{error.status} {error.reason}")
+
+
 def refusal_response(refusal: Refusal, headers: dict[str, str] | None = None) -> web.Response:
     extra = dict(headers or {})
     retry_after = refusal.context.get("retry_after_s")

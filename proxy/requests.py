@@ -13,7 +13,9 @@ from multidict import MultiMapping
 
 from core.codes import ErrorCode
 from policies import HOLDER_RE, LeaseBounds
-from proxy.problems import ProblemError
+from proxy.problems import ProblemError, problem
+from proxy.tokens import token_hash
+from store import Store
 
 MAX_CONTROL_BODY = 65536
 MAX_HEADER_VALUE = 8192
@@ -88,12 +90,34 @@ def check_header_encoding(headers: MultiMapping[str]) -> None:
             ) from None
 
 
-async def defer_continue(request: web.Request) -> None:
+async def defer_continue(request: web.Request) -> web.Response | None:
     """The proxied routes' Expect handler: aiohttp's own answers 100 Continue before
     the handler runs, which invites the body before the token, key and size checks
-    that need none. `read_body` sends it instead, once those have passed."""
-    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers[hdrs.EXPECT]}")
+    that need none. `read_body` sends it instead, once those have passed. Any other
+    expectation is answered here (417), before the handler and its middlewares."""
+    if not expects_continue(request):
+        return problem(
+            ErrorCode.EXPECTATION_FAILED,
+            f"unknown Expect: {request.headers[hdrs.EXPECT]} (only 100-continue is supported)",
+        )
+    return None
+
+
+def expects_continue(request: web.Request) -> bool:
+    """The client waits for 100 Continue before sending its body (`read_body` sends it)."""
+    return request.headers.get(hdrs.EXPECT, "").lower() == "100-continue"
+
+
+async def refuse_unissued_token_before_inviting(
+    request: web.Request, token: str, store: Store
+) -> None:
+    """With `Expect: 100-continue`, the token is looked up before the body is invited:
+    one never issued here is refused then (403 invalid_token), so that anyone with a
+    well-formed string cannot make the proxy wait for an upload it will refuse. Without
+    it, the body is on its way anyway and the store's own decision refuses the token:
+    the hot path pays no extra read."""
+    if expects_continue(request) and await store.lease_of_token(token_hash(token)) is None:
+        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -108,7 +132,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             f"the body is {declared} bytes; the limit is {limit}",
             limit=limit,
         )
-    if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+    if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
     try:
@@ -169,9 +193,12 @@ def holder_name(value: Any) -> str:
     return value
 
 
-def ttl(value: Any, bounds: LeaseBounds) -> float:
-    if value is None:
+def ttl(data: dict[str, Any], bounds: LeaseBounds) -> float:
+    """The body's `ttl_s`: the policy's default when the field is absent. `null` is
+    refused, not read as absent: a client that sends it meant some number."""
+    if "ttl_s" not in data:
         return bounds.default_ttl_s
+    value = data["ttl_s"]
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise ProblemError(ErrorCode.INVALID_REQUEST, "ttl_s must be a number of seconds")
     if not bounds.min_ttl_s <= value <= bounds.max_ttl_s:

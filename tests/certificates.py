@@ -27,8 +27,13 @@ class Issued:
     key: Path
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(common_name: str, *more_common_names: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, name)
+            for name in (common_name, *more_common_names)
+        ]
+    )
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
@@ -88,21 +93,23 @@ class TestCA:
         san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
         return self._issue(name, ExtendedKeyUsageOID.SERVER_AUTH, san)
 
-    def client(self, common_name: str) -> Issued:
-        """A client certificate whose subject is CN=`common_name`."""
-        return self._issue(common_name, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+    def client(self, common_name: str, *more_common_names: str) -> Issued:
+        """A client certificate whose subject is CN=`common_name` (followed by a CN for
+        each of `more_common_names`)."""
+        return self._issue(common_name, ExtendedKeyUsageOID.CLIENT_AUTH, None, more_common_names)
 
     def _issue(
         self,
         common_name: str,
         usage: x509.ObjectIdentifier,
         san: x509.SubjectAlternativeName | None,
+        more_common_names: tuple[str, ...] = (),
     ) -> Issued:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         builder = (
             x509.CertificateBuilder()
-            .subject_name(_name(common_name))
+            .subject_name(_name(common_name, *more_common_names))
             .issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -243,6 +243,12 @@ class RateLimited(FenceError):
     code = "rate_limited"
 
 
+class ExpectationFailed(FenceError):
+    """The request carried an `Expect` header other than `100-continue`."""
+
+    code = "expectation_failed"
+
+
 def _by_code() -> dict[str, type[FenceError]]:
     return {cls.code: cls for cls in FenceError.__subclasses__()}
 

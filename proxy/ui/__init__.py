@@ -14,14 +14,23 @@ from pathlib import Path
 
 import aiohttp_jinja2
 import jinja2
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from core.codes import ErrorCode
 from proxy.auth import CREDENTIALS
+from proxy.problems import ProblemError
 
 PREFIX = "/_fence/ui"
 _HERE = Path(__file__).parent
 TEMPLATES = _HERE / "templates"
 STATIC = _HERE / "static"
+# The page's files, by name, and nothing else: a static route would also answer for the
+# folder (403), for paths below it and for files added to it later.
+STATIC_FILES = {
+    "status.js": "text/javascript",
+    "status.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
 
 # Only this origin's own files; no inline script or style, no framing, no form posts
 # (actions are fetch() calls the script makes), nothing sent to another origin.
@@ -56,8 +65,16 @@ def add_routes(app: web.Application) -> None:
     )
     app.router.add_get(PREFIX, to_page)
     app.router.add_get(f"{PREFIX}/", page)
-    app.router.add_static(f"{PREFIX}/static/", STATIC)
+    app.router.add_get(f"{PREFIX}/static/{{name}}", static_file)
     app.on_response_prepare.append(_security_headers)
+
+
+async def static_file(request: web.Request) -> web.FileResponse:
+    name = request.match_info["name"]
+    content_type = STATIC_FILES.get(name)
+    if content_type is None:
+        raise ProblemError(ErrorCode.NO_ROUTE, f"the status page has no file {name!r}")
+    return web.FileResponse(STATIC / name, headers={hdrs.CONTENT_TYPE: content_type})
 
 
 async def to_page(request: web.Request) -> web.Response:

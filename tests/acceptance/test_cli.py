@@ -397,11 +397,14 @@ def test_check_config_does_not_warn_when_clients_are_configured(
     assert (result.code, result.err) == (0, "")
 
 
+@pytest.mark.parametrize("unset", ["", " \n"])
 def test_check_config_warns_about_an_unset_key_and_serve_refuses_to_start(
-    cli: Cli, config: Path, tmp_path: Path
+    cli: Cli, config: Path, tmp_path: Path, unset: str
 ) -> None:
+    """Empty or whitespace only: no key (a presented key is stripped, so a blank one
+    would be no key either)."""
     guarded = _write(tmp_path / "guarded.yaml", config.read_text(encoding="utf-8") + AUTH_BLOCK)
-    checked = cli("check-config", str(guarded), env={"FENCEPROXY_TEST_KEY_ROUTING": ""})
+    checked = cli("check-config", str(guarded), env={"FENCEPROXY_TEST_KEY_ROUTING": unset})
     assert checked.code == 0, checked.err
     assert "auth.clients[0].key_env (line " in checked.one_line_error()
     served = cli(
@@ -410,7 +413,7 @@ def test_check_config_warns_about_an_unset_key_and_serve_refuses_to_start(
         str(guarded),
         "--state-dir",
         str(tmp_path / "state"),
-        env={"FENCEPROXY_TEST_KEY_ROUTING": ""},
+        env={"FENCEPROXY_TEST_KEY_ROUTING": unset},
     )
     assert served.code == 1
     line = served.one_line_error()

@@ -9,7 +9,16 @@ from dataclasses import replace
 import pytest
 
 from policies import Auth, AuthClient, Listen, Right, parse_policy
-from proxy.auth import ADMIN, Credentials, KeyProblem, exposure_warning, is_loopback
+from proxy.auth import (
+    ADMIN,
+    Credentials,
+    KeyProblem,
+    blank_admin_token_warnings,
+    env_secret,
+    exposure_warning,
+    is_loopback,
+    missing_keys,
+)
 from tests.unit.test_policies import VALID, assert_single_problem, edit, problems_of, with_text
 
 DIGEST = "ab" * 32
@@ -181,6 +190,42 @@ def test_an_unset_key_variable_or_a_shared_key_is_a_key_problem() -> None:
         Credentials.of(policy, [], {"KEY_OF_ENV": ""})
     with pytest.raises(KeyProblem, match="'admin' and 'by-env' have the same key"):
         Credentials.of(policy, ["same"], {"KEY_OF_ENV": "same"})
+
+
+def test_a_key_or_admin_token_with_surrounding_whitespace_matches_without_it() -> None:
+    """A presented key is stripped; a configured one kept with its spaces or a secret
+    file's newline could never match."""
+    policy = parse_policy(
+        with_clients('{name: by-env, key_env: KEY_OF_ENV, resources: ["*"], may: [lease]}')
+    )
+    credentials = Credentials.of(policy, ["\tadmin-token \n"], {"KEY_OF_ENV": "  env-key\n"})
+    found = [credentials.match(key) for key in ("env-key", "admin-token")]
+    assert [c.name if c else None for c in found] == ["by-env", "admin"]
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n", " \t\r\n "])
+def test_a_key_variable_of_whitespace_only_is_unset(blank: str) -> None:
+    policy = parse_policy(
+        with_clients('{name: by-env, key_env: KEY_OF_ENV, resources: ["*"], may: [lease]}')
+    )
+    (line,) = missing_keys(policy, {"KEY_OF_ENV": blank})
+    assert "KEY_OF_ENV is not set" in line
+    with pytest.raises(KeyProblem, match="KEY_OF_ENV is not set"):
+        Credentials.of(policy, [], {"KEY_OF_ENV": blank})
+
+
+def test_an_admin_token_variable_of_whitespace_only_is_unset_and_said() -> None:
+    policy = parse_policy(with_text("admin_token_next_env: NEXT_TOKEN"))
+    policy = replace(policy, admin_token_env="ADMIN_TOKEN")
+    environ = {"ADMIN_TOKEN": " \n", "NEXT_TOKEN": " next \n"}
+    assert env_secret(environ, "ADMIN_TOKEN") is None
+    assert env_secret(environ, "NEXT_TOKEN") == "next"
+    assert env_secret(environ, "UNSET") is None
+    assert env_secret({"EMPTY": ""}, "EMPTY") is None
+    assert blank_admin_token_warnings(policy, environ) == [
+        "admin_token_env: ADMIN_TOKEN holds only whitespace: taken as unset"
+    ]
+    assert blank_admin_token_warnings(policy, {"ADMIN_TOKEN": ""}) == []
 
 
 @pytest.mark.parametrize(

@@ -100,3 +100,38 @@ async def test_an_unknown_code_reaching_the_middleware_is_an_internal_error(
         assert response.status == 500, path
         assert response.content_type == "application/problem+json", path
         assert (await response.json(content_type=None))["code"] == "internal_error", path
+
+
+async def test_an_http_error_aiohttp_raises_is_a_problem_document(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """The codes of the statuses aiohttp uses; any other is a bug of ours (500); a
+    redirect stays a redirect."""
+    raised: dict[str, web.HTTPException] = {
+        "/bad": web.HTTPBadRequest(text="no good"),
+        "/forbidden": web.HTTPForbidden(),
+        "/teapot": web.HTTPExpectationFailed(text="unknown Expect: tea"),
+        "/moved": web.HTTPFound("/elsewhere"),
+    }
+
+    async def raises(request: web.Request) -> web.Response:
+        raise raised[request.path]
+
+    app = web.Application(middlewares=[problem_middleware])
+    for path in raised:
+        app.router.add_get(path, raises)
+    client = await aiohttp_client(app)
+    answers = {}
+    for path in ("/bad", "/forbidden", "/teapot"):
+        response = await client.get(path)
+        assert response.content_type == "application/problem+json", path
+        body = await response.json(content_type=None)
+        answers[path] = (response.status, body["code"], body["detail"])
+    moved = await client.get("/moved", allow_redirects=False)
+
+    assert answers == {
+        "/bad": (400, "invalid_request", "no good"),
+        "/forbidden": (500, "internal_error", "unexpected 403 Forbidden"),
+        "/teapot": (417, "expectation_failed", "unknown Expect: tea"),
+    }
+    assert moved.status == 302

@@ -1265,3 +1265,16 @@ def test_unknown_key_in_a_pool() -> None:
     assert_single_problem(
         text, 6, "upstreams.supplier.pool.reads", "unknown key (allowed: fenced, pass_through)"
     )
+
+
+@pytest.mark.parametrize("key", ["min_ttl_s", "max_ttl_s", "default_ttl_s"])
+@pytest.mark.parametrize("null", ["null", "~", ""])
+def test_a_null_lease_ttl_is_refused_naming_its_key_and_line(key: str, null: str) -> None:
+    """An empty value is a mistake, never "the default"."""
+    text = edit(
+        "leases: {min_ttl_s: 1, max_ttl_s: 300, default_ttl_s: 30}",
+        "leases:\n  min_ttl_s: 1\n  max_ttl_s: 300\n  default_ttl_s: 30",
+    )
+    text = edit(f"  {key}: ", f"  {key}: {null} #", text)
+    line = 5 + ["min_ttl_s", "max_ttl_s", "default_ttl_s"].index(key)
+    assert_single_problem(text, line, f"leases.{key}", "expected a number, got null")

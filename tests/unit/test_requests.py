@@ -96,12 +96,12 @@ def test_bad_holder_names_are_invalid_request(value: object) -> None:
 
 
 def test_absent_ttl_is_the_default() -> None:
-    assert ttl(None, BOUNDS) == 30
+    assert ttl({}, BOUNDS) == 30
 
 
 @pytest.mark.parametrize(("value", "expected"), [(1, 1.0), (300, 300.0), (12.5, 12.5)])
 def test_ttl_within_bounds_inclusive_is_accepted(value: float, expected: float) -> None:
-    result = ttl(value, BOUNDS)
+    result = ttl({"ttl_s": value}, BOUNDS)
     assert result == expected
     assert isinstance(result, float)
 
@@ -109,16 +109,16 @@ def test_ttl_within_bounds_inclusive_is_accepted(value: float, expected: float) 
 @pytest.mark.parametrize("value", [0.999, 300.001, 0, -5, float("inf"), float("-inf")])
 def test_ttl_outside_bounds_is_invalid_request(value: float) -> None:
     with pytest.raises(ProblemError) as error:
-        ttl(value, BOUNDS)
+        ttl({"ttl_s": value}, BOUNDS)
     problem = invalid_request(error)
     assert problem.detail == "ttl_s must be between 1 and 300"
     assert problem.context == {"min_ttl_s": 1, "max_ttl_s": 300}
 
 
-@pytest.mark.parametrize("value", [True, False, "30", float("nan"), [30], {"s": 30}])
+@pytest.mark.parametrize("value", [None, True, False, "30", float("nan"), [30], {"s": 30}])
 def test_ttl_that_is_not_a_number_is_invalid_request(value: object) -> None:
     with pytest.raises(ProblemError) as error:
-        ttl(value, BOUNDS)
+        ttl({"ttl_s": value}, BOUNDS)
     assert invalid_request(error).detail == "ttl_s must be a number of seconds"
 
 

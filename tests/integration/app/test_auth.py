@@ -341,7 +341,11 @@ async def test_the_admin_token_still_names_its_operator(guarded: Fence) -> None:
         json={"outcome": "committed", "reason": "seen"},
         headers=guarded.admin,
     )
-    await assert_problem(unnamed, 400, "invalid_request")
+    problem = await assert_problem(unnamed, 400, "invalid_request")
+    # Said as the rule it is (the schema's and README's), not as a type error.
+    assert problem["detail"] == (
+        "operator is required with the admin token: it is shared, so name who decides"
+    )
     named = await guarded.client.post(
         f"/_fence/v1/effects/{effect_id}/resolve",
         json={"outcome": "committed", "reason": "seen", "operator": "bob"},
@@ -411,13 +415,32 @@ async def test_an_unset_key_env_refuses_to_build_the_app(
 # -- metrics -------------------------------------------------------------------------------
 
 
-async def test_with_auth_metrics_on_the_main_listener_need_read(guarded: Fence) -> None:
+async def test_with_auth_metrics_on_the_main_listener_need_read_on_every_resource(
+    guarded: Fence,
+) -> None:
+    """The counts span every resource (leases, refusals, effects by route): a reader
+    scoped to some would learn of the others' traffic."""
     await assert_problem(await guarded.client.get("/_fence/metrics"), 401, "unauthorized")
     worker = await guarded.client.get("/_fence/metrics", headers=bearer(WORKER_KEY))
     await assert_problem(worker, 403, "forbidden")
-    reader = await guarded.client.get("/_fence/metrics", headers=bearer(RULES_READER_KEY))
+    scoped = await guarded.client.get("/_fence/metrics", headers=bearer(RULES_READER_KEY))
+    await assert_problem(scoped, 403, "forbidden_resource")
+    reader = await guarded.client.get("/_fence/metrics", headers=bearer(READER_KEY))
     assert reader.status == 200
     assert "fenceproxy_" in await reader.text()
+
+
+async def test_a_scoped_reader_sees_the_status_which_names_no_resource(guarded: Fence) -> None:
+    """/status is about the service (this instance, the store, the replicas), which
+    every reader's status page needs; nothing in it is about a resource, so there is
+    nothing outside a reader's globs to hide."""
+    await granted(guarded, "supplier:widget")
+    refused = await guarded.client.get("/supplier-only-path")
+    await assert_problem(refused, 404, "no_route")
+    response = await guarded.client.get("/_fence/v1/status", headers=bearer(RULES_READER_KEY))
+    text = await response.text()
+    assert response.status == 200, text
+    assert "supplier" not in text
 
 
 def _accepts(port: int) -> bool:

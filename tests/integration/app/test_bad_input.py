@@ -135,6 +135,8 @@ CASES = [
             ("true", True),
             ("false", False),
             ("object", {"s": 5}),
+            # Absent means the default; null is not absent (a client's bug, not a choice).
+            ("null", None),
         ]
     ],
     *[
@@ -158,6 +160,15 @@ CASES = [
         "invalid_request",
         (*JSON_CT, TOK),
         b'{"ttl_s": 3600}',
+    ),
+    Case(
+        "renew-ttl-null",
+        "POST",
+        "/_fence/v1/leases/renew",
+        400,
+        "invalid_request",
+        (*JSON_CT, TOK),
+        b'{"ttl_s": null}',
     ),
     # tokens on a fenced write
     order_case("write-no-token", 401, "missing_token", KEY),
@@ -453,3 +464,23 @@ async def test_a_wrong_method_on_a_control_path_names_the_allowed_ones(fence: Fe
     effect = await fence.client.delete("/_fence/v1/effects/eff_x/probe", headers=fence.admin)
     await assert_problem(effect, 405, "method_not_allowed")
     assert effect.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/orders/widget"),  # a proxied route
+        ("POST", "/_fence/v1/leases"),  # a control POST
+        ("GET", "/_fence/v1/effects"),  # a control GET (aiohttp's own Expect handler)
+        ("GET", "/_fence/v1/nothing-here"),  # no route at all
+        ("GET", "/_fence/ui/"),
+    ],
+)
+async def test_an_expectation_the_proxy_cannot_meet_is_a_problem_document(
+    fence: Fence, method: str, path: str
+) -> None:
+    response = await fence.client.request(
+        method, path, headers={"Expect": "x-teapot", **fence.admin}, data=b"{}"
+    )
+    problem = await assert_problem(response, 417, "expectation_failed")
+    assert "x-teapot" in problem["detail"]

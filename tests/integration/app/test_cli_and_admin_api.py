@@ -195,7 +195,7 @@ SAME: dict[str, Same] = {
             ("poll_interval", "-1"),
             ("targets", "0.5,1.5"),
             ("targets", "0.5,,0.1"),
-            ("leases", "0,1"),
+            ("leases", "0,1e9"),
             ("leases", "inf"),
             ("resource", "a b"),
         )
@@ -324,3 +324,36 @@ async def test_the_in_doubt_endpoint_on_an_empty_store(fence: Fence) -> None:
 async def test_the_in_doubt_endpoint_needs_the_admin_token(fence: Fence) -> None:
     response = await fence.client.get("/_fence/v1/reconcile")
     await assert_problem(response, 401, "unauthorized")
+
+
+# --- what the CLI prints of stored strings ---------------------------------------------------
+
+ESCAPE = "\x1b[31m"
+
+
+async def test_the_cli_prints_stored_paths_reasons_and_operators_escaped(
+    make_fence: FenceFactory,
+) -> None:
+    """Anyone can store a path, and a reason or an operator's name comes from whoever
+    resolves: none of them may reach the operator's terminal as an escape sequence."""
+    fence = await make_fence()
+    assert fence.config_path is not None
+    config = str(fence.config_path)
+    refused = await fence.client.get("/esc%1B%5B31mRED")
+    await assert_problem(refused, 404, "no_route")
+    await fence.store.flush_refusal_counts()
+    lease = await fence.acquire(RESOURCE, "worker-a", ttl_s=30)
+    effect_id = await unknown_effect(fence, lease["token"], "k-1", DROP)
+    await operations.resolve(
+        fence.store, effect_id, "committed", f"found {ESCAPE}it", f"al{ESCAPE}ice"
+    )
+
+    rejections = await asyncio.to_thread(cli_main, config, "effects", "rejections")
+    shown = await asyncio.to_thread(cli_main, config, "effects", "show", effect_id)
+
+    for result in (rejections, shown):
+        assert result.code == 0, result.err
+        assert "\x1b" not in result.out, result.out
+    assert "/esc\\x1b[31mRED" in rejections.out
+    assert "found \\x1b[31mit" in shown.out
+    assert "al\\x1b[31mice" in shown.out

@@ -194,3 +194,29 @@ async def test_the_endpoint_and_the_cli_answer_alike(make_fence: FenceFactory) -
 
 async def test_the_advice_needs_the_admin_token(fence: Fence) -> None:
     await assert_problem(await fence.client.get(ADVICE), 401, "unauthorized")
+
+
+async def test_a_lease_of_0_seconds_is_a_point_of_the_curve(fence: Fence) -> None:
+    """`leases=0` asks what share of turns a 0 s lease would cut short: all of them.
+    Without any turn there is no curve, and the advice says why."""
+    (empty,) = [
+        group
+        for group in (await advice(fence, leases="0", resource="rules:*"))["groups"]
+        if group["resource"] == "rules:*"
+    ]
+    assert empty["turns"] == 0
+    assert empty["false_expiry_curve"] == []
+    assert any("0 measured turn(s)" in warning for warning in empty["warnings"]), empty
+
+    lease = await fence.acquire("rules:r1", "worker-a", ttl_s=10)
+    fence.clock.advance(2)
+    assert (await release(fence, lease["token"])).status == 200
+    (group,) = [
+        group
+        for group in (await advice(fence, leases="0,3", resource="rules:*"))["groups"]
+        if group["resource"] == "rules:*"
+    ]
+    assert group["false_expiry_curve"] == [
+        {"lease_s": 0.0, "share": 1.0},
+        {"lease_s": 3.0, "share": 0.0},
+    ]

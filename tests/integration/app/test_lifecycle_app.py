@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from core.lifecycle import Event
+from proxy.logredact import MALFORMED_LINES
 from proxy.runtime import RUNTIME
 from store import StoreUnavailable
 from tests.integration.app.conftest import (
@@ -236,3 +237,58 @@ async def test_100_continue_on_the_lease_api_waits_for_the_token_check(fence: Fe
     answer = await raw_request(fence, head)
     assert answer.startswith(b"HTTP/1.1 401"), answer
     assert b"100 Continue" not in answer
+
+
+FORGED_TOKEN = "fpt_" + "Q" * 43  # well-formed, never issued
+
+
+async def first_answer_head(fence: Fence, head: bytes) -> bytes:
+    """The head of the first answer to `head` (an interim 100 Continue counts); the body
+    the request announces is never sent."""
+    server = fence.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("target", "extra"),
+    [
+        ("/_fence/v1/leases/renew", b""),
+        ("/_fence/v1/leases/release", b""),
+        ("/orders/widget", b"Idempotency-Key: k-1\r\n"),
+    ],
+)
+async def test_a_forged_token_is_refused_before_the_body_is_invited(
+    fence: Fence, target: str, extra: bytes
+) -> None:
+    """Inviting the body of a token that was never issued here lets anyone make the
+    proxy wait for (and read) an upload it will refuse anyway."""
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nFence-Token: {FORGED_TOKEN}\r\n".encode()
+        + extra
+        + b"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 11\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    answer = await first_answer_head(fence, head)
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert b"application/problem+json" in answer
+
+
+async def test_a_flood_of_malformed_requests_is_logged_at_a_bounded_rate(
+    fence: Fence, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone can send junk: one ERROR line each would let them fill the disk and bury
+    the lines that matter."""
+    head = b"GET /_fence/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nNot A Header\r\n\r\n"
+    with caplog.at_level(logging.INFO):
+        for _ in range(MALFORMED_LINES + 5):
+            answer = await raw_request(fence, head)
+            assert b" 400 " in answer.split(b"\r\n", 1)[0], answer
+    logged = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(logged) == MALFORMED_LINES, [r.getMessage() for r in logged]

@@ -13,7 +13,7 @@ import pytest
 
 from core.codes import ErrorCode
 from proxy import operations
-from proxy.ui import CONTENT_SECURITY_POLICY
+from proxy.ui import CONTENT_SECURITY_POLICY, STATIC, STATIC_FILES
 from store import Store
 from tests.integration.app.conftest import (
     Fence,
@@ -248,3 +248,24 @@ async def test_an_expired_unended_lease_is_listed_once(fence: Fence) -> None:
     body = await _get(fence, RECENT)
     assert body["live"] == []
     assert [lease["resource"] for lease in body["recently_ended"]] == ["supplier:late"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/_fence/ui/static/",  # the folder itself (aiohttp's static route said 403)
+        "/_fence/ui/static",
+        "/_fence/ui/static/nothing.js",
+        "/_fence/ui/static/%2e%2e/templates/status.html",
+        "/_fence/ui/static/status.js/",
+    ],
+)
+async def test_only_the_page_s_own_files_are_served(fence: Fence, path: str) -> None:
+    response = await fence.client.get(path)
+    await assert_problem(response, 404, ErrorCode.NO_ROUTE.value)
+
+
+def test_the_served_files_are_exactly_the_static_folder() -> None:
+    """The fixed list cannot forget a file the page needs, nor name one not there."""
+    on_disk = {path.name for path in STATIC.iterdir() if path.is_file()}
+    assert set(STATIC_FILES) == on_disk

@@ -61,6 +61,22 @@ async def test_the_verified_client_certificate_names_its_subject(
     assert seen == "worker-7"
 
 
+async def test_a_certificate_with_several_common_names_names_no_subject(
+    aiohttp_server: AiohttpServer, ca: TestCA
+) -> None:
+    """Which CN is "the" name is a guess (the first? the last?): a certificate that names
+    two is no identity at all, rather than the one a mapping happens to pick."""
+    server = ca.server("server")
+    tls = ListenTLS(str(server.cert), str(server.key), str(ca.cert))
+    running = await aiohttp_server(subject_app(), ssl=server_context(tls))
+
+    seen = await subject_seen(
+        str(running.make_url("/whoami")), client_context(ca, ca.client("worker-7", "admin"))
+    )
+
+    assert seen is None
+
+
 async def test_without_a_client_ca_no_certificate_is_asked_for_and_no_subject_is_named(
     aiohttp_server: AiohttpServer, ca: TestCA
 ) -> None:
