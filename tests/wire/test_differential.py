@@ -62,6 +62,7 @@ WAIVED_BY_DEFAULT: frozenset[str] = frozenset(
         "probe_path_decodes",  # bug 2: "." and ".." probe another path
         "key_alphabet",  # ".", "..", "%", "/", ... accepted as keys
         "truthful_failure",  # pass-through: upstream_unreachable after the request left
+        "answer_too_large",  # bug 1: a fenced answer over 16 MiB reaches the worker cut
     }
 )
 
@@ -138,6 +139,7 @@ SPECIAL_NAMES = [
     "Accept-Encoding",
     "User-Agent",
     "Content-Type",
+    "Expect",
 ]
 plain_name = st.sampled_from(["X-Wire-A", "X-Wire-B", "x-wire-a", "Accept"])
 header_name = st.one_of(
@@ -165,6 +167,8 @@ def worker_headers(draw: st.DrawFn, allow_invalid: bool) -> tuple[tuple[bytes, b
         name = draw(header_name)
         if name == "Authorization" and draw(st.booleans()):
             value = ADMIN_CREDENTIAL
+        elif name == "Expect":
+            value = b"100-continue"  # any other expectation is refused (417)
         elif allow_invalid and draw(st.integers(0, 9)) == 0:
             value = draw(invalid_utf8)
         else:
@@ -477,6 +481,8 @@ FENCED_METHODS = ["POST", "PUT", "PATCH", "DELETE"]
 # bug 3: the upstream's own Idempotent-Replayed reaches the worker on a first answer
 @example(case=Case("POST", "x", script=script(headers=[["Idempotent-Replayed", "true"]])))
 @example(case=Case("PUT", "x", script=script(reason="Fine")))  # response_reason
+# answer_too_large: an answer over 16 MiB after the write reaches the worker cut
+@example(case=Case("POST", "x", script=script(body={"size": 16 * 1_048_576 + 1, "seed": 1})))
 # replay_identical: a replay keeps only some of the first answer's headers
 @example(case=Case("POST", "x", keyed=True, script=script(headers=[["X-A", "a"]])))
 def test_fenced_forwards_both_ways_exactly_and_replays_the_same(
@@ -498,6 +504,9 @@ def test_fenced_forwards_both_ways_exactly_and_replays_the_same(
     fence = {b"fence-epoch": str(epoch).encode(), b"fence-resource": resource}
     own: dict[bytes, bytes | None] = {**fence, b"fence-effect-id": None}
     violations = check_request(wire, request, received, {**fence, b"fence-effect-id": b""})
+    if len(body_bytes(case.script["body"])) > UPSTREAM_BODY_LIMIT:
+        settle(violations + answer_over_the_limit(wire, case, first))
+        return
     violations += check_answer(case, first, own)
     if case.keyed and 200 <= case.script["status"] < 300:
         _, replay = send(wire, case, target, token, proxy_headers)
@@ -513,6 +522,31 @@ def test_fenced_forwards_both_ways_exactly_and_replays_the_same(
             replay_body=replay.body,
         )
     settle(violations)
+
+
+UPSTREAM_BODY_LIMIT = 16 * 1_048_576
+
+
+def answer_over_the_limit(
+    wire: WireStack, case: Case, answer: WorkerAnswer
+) -> list[contract.Violation]:
+    """A fenced answer over 16 MiB: the write happened (for a committed status), so the
+    worker is told so (502 upstream_answer_too_large) or that the outcome is unknown
+    (504 outcome_unknown); never the answer cut, never "nothing happened"."""
+    code = problem_code(answer)
+    if code not in ("upstream_answer_too_large", "outcome_unknown"):
+        return [
+            contract.Violation(
+                "answer_too_large",
+                f"the upstream answered {len(body_bytes(case.script['body']))} bytes; the "
+                f"worker got {answer.status} {code} with {len(answer.body)} bytes",
+            )
+        ]
+    effect_id = json.loads(answer.body)["effect_id"]
+    state = wire.admin("GET", f"/_fence/v1/effects/{effect_id}")["state"]
+    if code == "upstream_answer_too_large" and state != "COMMITTED":
+        return [contract.Violation("answer_too_large", f"told applied, the effect is {state}")]
+    return []
 
 
 # -- rule 4: every accepted key's probe path decodes back to it ----------------------------
