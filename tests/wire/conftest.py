@@ -34,6 +34,8 @@ listen: {{host: 127.0.0.1, port: {proxy_port}}}
 store: sqlite:///{store_path}
 admin_token_env: {admin_token_env}
 leases: {{min_ttl_s: 0.5, max_ttl_s: 3600, default_ttl_s: 3600}}
+# Every example takes a lease of its own: no quota may end a long search.
+quotas: {{live_leases: 0, acquires_per_s: 0, burst: 1}}
 upstreams:
   recorder: {{url: "http://127.0.0.1:{upstream_port}", timeout_s: {timeout_s},
               connect_timeout_s: 1}}
