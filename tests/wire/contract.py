@@ -103,6 +103,29 @@ MEANINGFUL = frozenset(
 )
 
 
+# Fields that may appear once (RFC 9110 defines no list syntax for them): a request
+# repeating one is refused with 400 by the proxy's HTTP parser, nothing forwarded.
+SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
+
+
+def repeats_a_singleton(headers: list[Header]) -> bool:
+    names = [name for name, _ in headers if name in SINGLETONS]
+    return len(names) != len(set(names))
+
+
 def is_fence_header(name: bytes) -> bool:
     return name.startswith(b"fence-")
 
