@@ -366,6 +366,7 @@ def problem_code(answer: WorkerAnswer) -> str | None:
 # The refusal of a request that repeats a singleton field: aiohttp's parser answers
 # 400 before any handler runs, so no code of the proxy's is expected.
 SINGLETON_REPEATED = "singleton_repeated"
+REFUSAL_STATUS = {"invalid_request": 400, "payload_too_large": 413}
 
 
 def expected_refusal(request: WorkerRequest) -> tuple[str, str] | None:
@@ -405,6 +406,9 @@ def check_refusal_or_forwarded(
                 violations.append(
                     contract.Violation("refusal_problem_json", "a plain-text 400 from the parser")
                 )
+        elif request.method == "HEAD":  # the problem's body is not sent: its status is
+            if answer.status != REFUSAL_STATUS[code]:
+                violations.append(contract.Violation(rule, f"expected {code}"))
         elif problem_code(answer) != code:
             violations.append(contract.Violation(rule, f"expected {code}"))
         if received:
