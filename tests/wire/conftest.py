@@ -27,6 +27,9 @@ STARTUP_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.01
 MAX_BODY_BYTES = 8 * 1_048_576
 UPSTREAM_TIMEOUT_S = 10.0
+# Acquires and admin calls on a shared 2-core machine, during a long search: a slow
+# answer is not what these tests look for, a lost one would end the search.
+CONTROL_TIMEOUT_S = 30.0
 
 CONFIG = """\
 version: 1
@@ -97,17 +100,15 @@ class WireStack:
 
     def received(self, token: str) -> list[dict[str, Any]]:
         """The recording upstream's log of the requests that carried `token`, decoded."""
-        paths = sorted(
-            (self.directory / "log").glob(f"{token}-*.json"),
-            key=lambda p: int(p.stem.rpartition("-")[2]),
-        )
-        return [decode_record(json.loads(p.read_text())) for p in paths]
+        return self._logged(token)
 
-    def unscripted(self) -> list[dict[str, Any]]:
-        return [
-            decode_record(json.loads(p.read_text()))
-            for p in (self.directory / "log").glob("_unscripted-*.json")
-        ]
+    def probes_of(self, effect_id: str) -> list[dict[str, Any]]:
+        """The unscripted requests (the proxy's probes) naming this effect."""
+        return self._logged(f"_effect-{effect_id}")
+
+    def _logged(self, folder: str) -> list[dict[str, Any]]:
+        paths = sorted((self.directory / "log" / folder).glob("*.json"), key=lambda p: int(p.stem))
+        return [decode_record(json.loads(p.read_text())) for p in paths]
 
     def acquire(self, resource: str) -> tuple[str, int]:
         result = http_call(
@@ -115,6 +116,7 @@ class WireStack:
             "POST",
             "/_fence/v1/leases",
             json_body={"resource": resource, "holder": "wire-worker"},
+            timeout_s=CONTROL_TIMEOUT_S,
         )
         assert result.status == 201, result
         return result.body["token"], result.body["epoch"]
@@ -128,6 +130,7 @@ class WireStack:
             path,
             json_body=body,
             headers={"Authorization": f"Bearer {self.admin_token}"},
+            timeout_s=CONTROL_TIMEOUT_S,
         )
         assert result.status in accept, result
         return result.body

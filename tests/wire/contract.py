@@ -17,6 +17,7 @@ ADDED = frozenset(
     {
         "Host",
         "Content-Length",
+        "Transfer-Encoding",
         "Fence-Epoch",
         "Fence-Resource",
         "Fence-Effect-Id",

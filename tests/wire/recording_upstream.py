@@ -8,10 +8,10 @@ everything the upstream saw.
 
 The answer is scripted by the test, out of band: a request carrying the header
 `Wire-Script: T` is answered as D/scripts/T.json says (see `Script`), and logged as
-D/log/T-<n>.json. A request without it (the proxy's probe) is logged as
-D/log/_unscripted-<n>.json and answered as a truthful, percent-decoding upstream
-would answer `GET /probe/{key}`: 200 if a complete request with that Idempotency-Key
-was logged, else 404.
+D/log/T/<n>.json. A request without it (the proxy's probe) is logged under
+D/log/_effect-<its Fence-Effect-Id>/ (or D/log/_unscripted/) and answered as a
+truthful, percent-decoding upstream would answer `GET /probe/{key}`: 200 if a
+complete request with that Idempotency-Key was logged, else 404.
 """
 
 from __future__ import annotations
@@ -91,11 +91,15 @@ class Recorder:
         self._serial = itertools.count()
         self._keys_received: set[bytes] = set()
 
-    def write_log(self, token: str | None, record: dict[str, Any]) -> None:
-        name = f"{token or '_unscripted'}-{next(self._serial)}.json"
-        temporary = self.log / f".{name}.tmp"
+    def write_log(self, folder: str, record: dict[str, Any]) -> None:
+        """One folder per token (or effect): a long search makes 10^5 of them, and a
+        test reading one must not list them all."""
+        directory = self.log / folder
+        directory.mkdir(exist_ok=True)
+        name = f"{next(self._serial)}.json"
+        temporary = directory / f".{name}.tmp"
         temporary.write_text(json.dumps(record))
-        os.replace(temporary, self.log / name)
+        os.replace(temporary, directory / name)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         buffer = bytearray()
@@ -126,13 +130,15 @@ class Recorder:
         headers = [_header(line) for line in lines[1:]]
         lower = [(name.lower(), value) for name, value in headers]
         token = next((v.decode() for n, v in lower if n == SCRIPT_HEADER.encode()), None)
+        effect = next((v.decode() for n, v in lower if n == b"fence-effect-id"), None)
+        folder = token or (f"_effect-{effect}" if effect else "_unscripted")
         script = self._script(token)
         raw = bytearray(head)
         if script is not None and script.misbehave == "close_mid_request":
-            self.write_log(token, _record(method, target, headers, raw, b"", complete=False))
+            self.write_log(folder, _record(method, target, headers, raw, b"", complete=False))
             return False
         body, complete = await _read_body(reader, buffer, lower, raw)
-        self.write_log(token, _record(method, target, headers, raw, body, complete))
+        self.write_log(folder, _record(method, target, headers, raw, body, complete))
         if not complete:
             return False
         key = next((v for n, v in lower if n == b"idempotency-key"), None)

@@ -50,7 +50,7 @@ WAIVED_BY_DEFAULT: frozenset[str] = frozenset(
         "request_framing",  # Content-Length: 0 added to a request without a body
         "request_fence_headers",  # a worker's Fence-Custom passes a pass-through route
         "request_no_additions",  # X-Forwarded-*, Forwarded, Accept, User-Agent, Content-Type
-        "request_headers",  # X-Forwarded-For: the worker's value gets the client appended
+        "request_headers",  # X-Wire-A: a + x-wire-a: b arrive as x-wire-a: b (wire-fixes too)
         "request_credentials",  # Authorization with the admin token is forwarded
         "invalid_utf8_refused",  # a header value that is not UTF-8 is forwarded
         "response_reason",  # fenced answers get the standard reason phrase
@@ -468,6 +468,8 @@ PASS_THROUGH_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTION
 @example(case=Case("GET", "A", headers=((b"Fence-Custom", b"x"),)))  # request_fence_headers
 @example(case=Case("GET", "A", headers=((b"X-A", b"x\xff"),)))  # invalid_utf8_refused
 @example(case=Case("GET", "A", headers=((b"User-Agent", b""), (b"User-Agent", b"x"))))
+# request_headers: one header twice, its name in two cases: the upstream gets only the last
+@example(case=Case("GET", "A", headers=((b"X-Wire-A", b"a"), (b"x-wire-a", b"b"))))
 @example(case=Case("GET", "A", headers=((b"Authorization", ADMIN_CREDENTIAL),)))
 @example(case=Case("GET", "A", script=script(headers=[["Fence-Epoch", "1"]])))
 def test_pass_through_forwards_both_ways_exactly(wire: WireStack, case: Case) -> None:
@@ -609,8 +611,7 @@ def test_probe_path_decodes_back_to_the_key(wire: WireStack, key: str) -> None:
     probes: list[dict[str, Any]] = []
 
     def probed() -> bool:
-        marker = (b"Fence-Effect-Id", effect_id.encode())
-        probes[:] = [r for r in wire.unscripted() if marker in r["headers"]]
+        probes[:] = wire.probes_of(effect_id)
         return bool(probes)
 
     wait_for(f"the probe of {effect_id}", probed, 10.0)
