@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench mutate simulate clean wheel image
+.PHONY: run test lint bench mutate simulate fuzz-http clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -68,5 +68,14 @@ wheel: $(STAMP)
 image: wheel
 	$(PY) -m devtools.image
 
+# The wire's differential test (tests/wire) as a long search: FUZZ examples in all,
+# shared by its four properties, against one recording upstream and one proxy.
+# Hypothesis's database is kept in .hypothesis/wire-fuzz between runs, so a failure
+# found once is tried first next time. `make test` runs a few hundred.
+FUZZ ?= 100000
+fuzz-http: $(STAMP)
+	WIRE_EXAMPLES=$$(( ($(FUZZ) + 3) / 4 )) WIRE_DATABASE=.hypothesis/wire-fuzz WIRE_TIMEOUT_S=0 \
+		$(VENV)/bin/pytest tests/wire -p no:cacheprovider -q
+
 clean:
-	rm -rf $(VENV) state dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) state dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis
