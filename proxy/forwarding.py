@@ -139,8 +139,11 @@ def upstream_headers(
     """The worker's end-to-end headers, in order with duplicates, less what is never
     forwarded and any credential of this proxy; then the route's fence headers."""
     dropped = _NOT_FORWARDED | connection_tokens(request.headers)
+    # One spelling per name: aiohttp's client session merges a name it has not seen in
+    # that exact case by replacing (`X-A: a` then `x-a: b` left only `x-a: b`).
+    spelling: dict[str, str] = {}
     headers: CIMultiDict[str] = CIMultiDict(
-        (name, value)
+        (spelling.setdefault(name.lower(), name), value)
         for name, value in request.headers.items()
         if name.lower() not in dropped
         and not proxy_owned(name)
