@@ -23,6 +23,22 @@ from dataclasses import dataclass
 
 from core.codes import ErrorCode
 
+# Fields a request may carry once (aiohttp's parser refuses a repeat with a text/plain
+# 400): refused here first, as problem+json, before the parser sees the head.
+ONCE_ONLY_FIELDS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
 # The part of a line the counter keeps to read it (a header's name and value, a chunk
 # size): a longer line is counted but not read, and cannot be Content-Length,
 # Transfer-Encoding or a chunk size that a parser accepts.
@@ -66,6 +82,7 @@ class HeadCounter:
         self._chunked = False
         self._framing_unclear = False
         self._remaining = 0  # body or chunk bytes still to come
+        self._once_seen: set[bytes] = set()  # the head's ONCE_ONLY_FIELDS so far
         self.heads_completed = 0
         self.refusal: ErrorCode | None = None
 
@@ -131,6 +148,9 @@ class HeadCounter:
         head = data[first_end:end].lower()
         if b"\ntransfer-encoding" in head:
             return -1
+        if any(head.count(b"\n" + name + b":") > 1 for name in ONCE_ONLY_FIELDS):
+            self.refusal = ErrorCode.INVALID_REQUEST
+            return end + 4
         length_at = head.find(b"\ncontent-length:")
         content_length = 0
         if length_at >= 0:
@@ -157,7 +177,8 @@ class HeadCounter:
             self.refusal = ErrorCode.HEADERS_TOO_LARGE
 
     def _end_line(self) -> None:
-        line = bytes(self._line).rstrip(b"\r") if self._line_bytes <= _KEPT_LINE else None
+        kept = bytes(self._line)
+        line = kept.rstrip(b"\r") if self._line_bytes <= _KEPT_LINE else None
         line_bytes = self._line_bytes + 1
         self._line.clear()
         self._line_bytes = 0
@@ -174,6 +195,7 @@ class HeadCounter:
                     self._end_head()
             else:
                 self._count_header_line(line_bytes)
+                self._note_once_only(kept)
                 if line is not None:
                     self._read_framing(line)
                 elif self._is_framing_prefix():
@@ -206,6 +228,18 @@ class HeadCounter:
         self._content_length = None
         self._chunked = False
         self._framing_unclear = False
+        self._once_seen.clear()
+
+    def _note_once_only(self, kept: bytes) -> None:
+        """A field of ONCE_ONLY_FIELDS seen twice in one head is refused; its name is in
+        the kept start of the line, however long the line is."""
+        name, colon, _ = kept.partition(b":")
+        name = name.lower()
+        if not colon or name not in ONCE_ONLY_FIELDS:
+            return
+        if name in self._once_seen:
+            self.refusal = ErrorCode.INVALID_REQUEST
+        self._once_seen.add(name)
 
     def _count_header_line(self, line_bytes: int) -> None:
         self._header_lines += 1

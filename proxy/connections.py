@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from core.codes import ErrorCode
-from core.request_heads import HeadCounter, HeadLimits
+from core.request_heads import ONCE_ONLY_FIELDS, HeadCounter, HeadLimits
 from proxy.metrics import Metrics
 from proxy.problems import problem_document
 from proxy.requests import MAX_HEADER_TOTAL, MAX_TARGET
@@ -54,6 +54,10 @@ _DETAILS = {
         f"or {HEAD_LIMITS.header_lines} lines"
     ),
     ErrorCode.URI_TOO_LONG: f"the request line is over {HEAD_LIMITS.request_line} bytes",
+    ErrorCode.INVALID_REQUEST: (
+        "the request repeats a field that may appear once "
+        f"({', '.join(sorted(name.decode() for name in ONCE_ONLY_FIELDS))})"
+    ),
     ErrorCode.OVERLOADED: "every connection the proxy keeps open has a request being handled",
 }
 # After a refusal the client may still be sending: closing at once would reset the

@@ -92,7 +92,6 @@ def test_a_chunked_body_followed_by_a_pipelined_head_counts_that_head() -> None:
 @pytest.mark.parametrize(
     "framing",
     [
-        b"Content-Length: 5000\r\nContent-Length: 5000\r\n",
         b"Content-Length: +5000\r\n",
         b"Transfer-Encoding: gzip\r\n",
         b"Transfer-Encoding: chunked\r\nContent-Length: 5000\r\n",
@@ -140,3 +139,36 @@ def test_a_head_that_arrives_whole_is_judged_as_one_that_arrives_byte_by_byte(
     pieces, pieces_verdict = fed(*(stream[i : i + 1] for i in range(len(stream))))
     assert whole_verdict == pieces_verdict
     assert whole.heads_completed == pieces.heads_completed
+
+
+REPEATED_USER_AGENT = (
+    b"GET /p HTTP/1.1\r\nHost: h\r\nUser-Agent: a\r\nX-A: 1\r\nuser-agent: b\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "pieces", [[REPEATED_USER_AGENT], [bytes([b]) for b in REPEATED_USER_AGENT]]
+)
+def test_a_repeated_once_only_field_is_refused_however_it_arrives(pieces: list[bytes]) -> None:
+    counter = HeadCounter(LIMITS)
+    refusals = [counter.feed(piece) for piece in pieces]
+    assert refusals[-1] is ErrorCode.INVALID_REQUEST
+
+
+def test_a_repeated_once_only_field_on_a_long_line_is_refused() -> None:
+    counter = HeadCounter(HeadLimits(request_line=100, header_lines=4, header_bytes=4000))
+    long_value = b"x" * 1000
+    head = b"GET /p HTTP/1.1\r\nUser-Agent: " + long_value + b"\r\nUser-Agent: b\r\n\r\n"
+    assert counter.feed(head) is ErrorCode.INVALID_REQUEST
+
+
+def test_other_repeated_fields_pass() -> None:
+    counter = HeadCounter(HeadLimits(request_line=100, header_lines=10, header_bytes=400))
+    head = b"GET /p HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\nAccept: a\r\nAccept: b\r\n\r\n"
+    assert counter.feed(head) is None
+    assert counter.heads_completed == 1
+
+
+def test_two_content_lengths_are_refused_as_a_repeated_field() -> None:
+    _, verdict = fed(HEAD + b"Content-Length: 5000\r\nContent-Length: 5000\r\n\r\n")
+    assert verdict == ErrorCode.INVALID_REQUEST

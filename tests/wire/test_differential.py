@@ -45,12 +45,7 @@ from tests.wire.recording_upstream import body_bytes
 # Rules the code on main breaks (issue 17, before the wire-fixes branch), each with the
 # explicit @example below that shows it: remove each rule here once it is fixed. The
 # three marked "still" also fail on wire-fixes as of 4169ba0; the others pass there.
-WAIVED_BY_DEFAULT: frozenset[str] = frozenset(
-    {
-        "request_headers",  # still: X-Wire-A: a + x-wire-a: b arrive as x-wire-a: b
-        "refusal_problem_json",  # still: a repeated User-Agent: aiohttp's text/plain 400
-    }
-)
+WAIVED_BY_DEFAULT: frozenset[str] = frozenset()
 
 
 def waived_rules() -> frozenset[str]:
