@@ -85,6 +85,9 @@ class HeadCounter:
         self._once_seen: set[bytes] = set()  # the head's ONCE_ONLY_FIELDS so far
         self.heads_completed = 0
         self.refusal: ErrorCode | None = None
+        # The method of the head being counted (None before the first): the answer to
+        # a refused HEAD has no body.
+        self.method: bytes | None = None
 
     def feed(self, data: bytes) -> ErrorCode | None:
         """The refusal for what arrived so far, or None while within the limits. Once
@@ -135,6 +138,7 @@ class HeadCounter:
         if end < 0:
             return -1
         first_end = data.find(b"\r\n", start, end + 2)
+        self.method = data[start:first_end].partition(b" ")[0]
         lines = data.count(b"\n", start, end + 2)
         if (
             first_end == start  # an empty line before the request line
@@ -186,6 +190,7 @@ class HeadCounter:
         if part is _Part.REQUEST_LINE:
             # Empty lines before a request line are allowed (RFC 9112 §2.2) and kept by nothing.
             if line != b"":
+                self.method = kept.partition(b" ")[0]
                 self._start_head()
         elif part is _Part.HEADERS:
             if line == b"":

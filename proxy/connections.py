@@ -72,8 +72,9 @@ LINGER_BYTES = 256 * 1024
 TRIM_DELAY_S = 1.0
 
 
-def refusal_bytes(code: ErrorCode) -> bytes:
-    """A whole answer, written on the connection before aiohttp has a request for it."""
+def refusal_bytes(code: ErrorCode, head_only: bool = False) -> bytes:
+    """A whole answer, written on the connection before aiohttp has a request for it;
+    `head_only` for a HEAD request, whose answer has no content (RFC 9110 §9.3.2)."""
     body = problem_document(code, _DETAILS[code])
     extra = "Retry-After: 1\r\n" if code is ErrorCode.OVERLOADED else ""
     head = (
@@ -81,7 +82,7 @@ def refusal_bytes(code: ErrorCode) -> bytes:
         f"Content-Type: application/problem+json\r\nContent-Length: {len(body)}\r\n"
         f"{extra}Connection: close\r\n\r\n"
     )
-    return head.encode("ascii") + body
+    return head.encode("ascii") + (b"" if head_only else body)
 
 
 class GuardedConnection(asyncio.Protocol):
@@ -136,7 +137,7 @@ class GuardedConnection(asyncio.Protocol):
         if self._refused or transport is None or transport.is_closing():
             return
         self._refused = True
-        transport.write(refusal_bytes(code))
+        transport.write(refusal_bytes(code, head_only=self.counter.method == b"HEAD"))
         # A connection refused for want of room must give its room back at once.
         if code is not ErrorCode.OVERLOADED and transport.can_write_eof():
             transport.write_eof()

@@ -108,6 +108,30 @@ def open_connections(metrics: Metrics) -> float:
     return value
 
 
+# --- heads refused while they arrive -----------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_a_repeated_once_only_field_is_a_problem_and_a_head_gets_no_body(
+    method: str,
+) -> None:
+    async with listening() as listener:
+        reader, writer = await connect(listener)
+        writer.write(
+            f"{method} /p HTTP/1.1\r\nHost: p\r\nUser-Agent: a\r\nuser-agent: b\r\n\r\n".encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
+        rest = await closed_by_server(reader)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 400 ")
+        assert b"Content-Type: application/problem+json" in head
+        if method == "HEAD":
+            assert rest == b""  # RFC 9110: an answer to HEAD carries no content
+        else:
+            assert json.loads(rest)["code"] == "invalid_request"
+        assert listener.handled == []
+
+
 # --- heads over the limits --------------------------------------------------------------
 
 
