@@ -684,9 +684,8 @@ def assert_rejection_recorded(
     epoch: int | None = None,
 ) -> list[dict[str, Any]]:
     """The admin rejection log holds `count` refusals with `code`, and no secret or body.
-    A refusal naming no lease is counted (one entry per path with its `count`, issue 8
-    item 1), one naming a lease is an entry of its own (`count` 1): the sum is what
-    was refused either way."""
+    Each kind of refusal is one entry with its `count` (store/refusals.py): the sum is
+    what was refused."""
     raw = stack.rejections_raw(resource)
     records: list[dict[str, Any]] = [r for r in raw.body["rejections"] if r["code"] == code]
     assert sum(r["count"] for r in records) == count, raw.body
