@@ -816,10 +816,11 @@ class Store:
         self.refusals.count(rejection)
 
     async def flush_refusal_counts(self) -> int:
-        """Write the refusals counted since the last flush, in one transaction; how
-        many kinds were written. Their first and last time seen are the flush's, so
-        they are as exact as the flushes are frequent. A flush that failed or was
-        cancelled leaves its counts for the next, which never writes them twice."""
+        """Write the refusals counted since the last flush (and a batch an earlier
+        flush may not have written), a transaction a batch; how many kinds were
+        written. Their first and last time seen are the flush's, so they are as exact
+        as the flushes are frequent. A flush that failed or was cancelled leaves its
+        counts for the next, which never writes them twice."""
         return await self.refusals.flush()
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
