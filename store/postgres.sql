@@ -6,11 +6,18 @@
 -- lock_resource --
 -- Upserting takes the resource row's lock (a row with epoch 0 for a resource never
 -- leased), so every decision about one resource runs one replica at a time.
--- The lock may have been waited for: the decision is judged at the time it is held.
-INSERT INTO resources (resource, epoch) VALUES (:resource, 0)
-ON CONFLICT (resource) DO UPDATE SET epoch = resources.epoch
-RETURNING extract(epoch FROM clock_timestamp())::float8
-          + (SELECT clock_offset_s FROM store_meta) AS now
+-- WHERE FALSE: the row is locked, not updated. An update would leave a row version per
+-- decision (refused ones included: 10^5 refused renews grew resources by 3 MB until a
+-- vacuum). The lock may have been waited for: the decision is judged at the time it is
+-- held, so the time is read once the upsert has run (the aggregate waits for it).
+WITH locked AS (
+    INSERT INTO resources AS r (resource, epoch) VALUES (:resource, 0)
+    ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE
+    RETURNING 1
+)
+SELECT extract(epoch FROM clock_timestamp())::float8
+       + (SELECT clock_offset_s FROM store_meta) AS now
+FROM (SELECT count(*) FROM locked) AS held
 
 -- resource_state --
 -- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch

@@ -66,3 +66,52 @@ ON CONFLICT (resource, code, route, epoch, holder, client) DO UPDATE SET
     last_seen = greatest(refusals.last_seen, excluded.last_seen);
 DROP TABLE rejections;
 DROP TABLE refusal_counts;
+
+-- The admission's lock on the resource row (migration 0013) taken without updating the
+-- row (WHERE FALSE: PostgreSQL locks the conflicting row all the same). The update left
+-- a row version per admission, refused ones included: a flood of refused writes grew
+-- resources by megabytes until a vacuum (issue 17, item 5). Otherwise unchanged.
+CREATE OR REPLACE FUNCTION fenceproxy_admission_state(p_token_hash TEXT, p_resource TEXT, p_key TEXT)
+RETURNS TABLE (
+    now DOUBLE PRECISION, store_id TEXT,
+    t_resource TEXT, t_epoch BIGINT, t_holder TEXT, t_granted_at DOUBLE PRECISION,
+    t_expires_at DOUBLE PRECISION, t_ended_at DOUBLE PRECISION, t_end_reason TEXT,
+    t_client TEXT,
+    epoch BIGINT, epoch_floor BIGINT, holder TEXT, granted_at DOUBLE PRECISION,
+    expires_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, end_reason TEXT, client TEXT,
+    open_effects TEXT,
+    i_fingerprint TEXT, i_effect_id TEXT, i_effect_state TEXT, i_epoch BIGINT,
+    i_expires_at DOUBLE PRECISION, i_response_status INTEGER, i_response_headers TEXT,
+    i_response_body BYTEA, i_settled_by TEXT
+)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    IF EXISTS (SELECT 1 FROM leases l WHERE l.token_hash = p_token_hash
+               AND l.resource = p_resource) THEN
+        INSERT INTO resources AS r (resource, epoch) VALUES (p_resource, 0)
+        ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE;
+    END IF;
+    RETURN QUERY
+    SELECT extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s,
+           (SELECT s.store_id FROM store_identity s),
+           t.resource, t.epoch, t.holder, t.granted_at, t.expires_at, t.ended_at,
+           t.end_reason, t.client,
+           r.epoch, m.epoch_floor, l.holder, l.granted_at, l.expires_at, l.ended_at,
+           l.end_reason, l.client,
+           (SELECT COALESCE(json_agg(json_build_array(o.id, o.state, o.epoch,
+                                                      o.idempotency_key, o.fingerprint)
+                                     ORDER BY o.created_at), '[]')::text
+            FROM effects o
+            WHERE o.resource = p_resource
+              AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')),
+           i.fingerprint, i.effect_id, e.state, i.epoch, i.expires_at, i.response_status,
+           i.response_headers, i.response_body, i.settled_by
+    FROM store_meta m
+    LEFT JOIN leases t ON t.token_hash = p_token_hash
+    LEFT JOIN resources r ON r.resource = p_resource
+    LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+    LEFT JOIN idempotency i ON i.resource = p_resource AND i.key = p_key
+    LEFT JOIN effects e ON e.id = i.effect_id;
+END
+$$;
