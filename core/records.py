@@ -185,7 +185,8 @@ def stored_path(path: str) -> str:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A refused request. Never a body, a token or an Authorization header.
+    """A refused request, or on the record (store/refusals.py) one kind of them.
+    Never a body, a token or an Authorization header.
 
     `at` is set by the store's clock when the rejection is recorded."""
 
@@ -198,10 +199,12 @@ class Rejection:
     epoch: int | None = None
     fingerprint: str | None = None
     at: float = 0.0
-    # A counted refusal (store/manager.py `_count_refusal`) stands for `count`
-    # requests seen from `first_seen` to `at`; a per-request rejection is 1 at `at`.
+    # On the record, a kind stands for `count` requests seen from `first_seen` to `at`
+    # (the latest), and method, path and fingerprint are the latest request's.
     count: int = 1
     first_seen: float | None = None
+    # The authenticated client that was refused, or the client of the lease it names.
+    client: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -216,6 +219,7 @@ class Rejection:
             "holder": self.holder,
             "epoch": self.epoch,
             "fingerprint": self.fingerprint,
+            "client": self.client,
         }
 
 

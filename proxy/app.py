@@ -38,7 +38,7 @@ from store import Store, StoreUnavailable, open_store
 log = logging.getLogger("fenceproxy")
 
 GC_INTERVAL_S = 60.0
-# How stale the stored counts of refusals without a credential may be (store/tally.py).
+# How stale the stored counts of refusals may be (store/refusals.py).
 REFUSAL_FLUSH_INTERVAL_S = 1.0
 
 
@@ -219,7 +219,7 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Write the refusals counted in memory (store/tally.py) every second; the store
+    """Write the refusals counted in memory (store/refusals.py) every second; the store
     writes what is left when it closes."""
 
     async def flush_forever() -> None:
@@ -336,6 +336,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             exc.code,
             route=exc.context.get("route"),
             resource=exc.context.get("resource"),
+            client=exc.context.get("client"),
         )
         if exc.code is ErrorCode.REQUEST_TIMEOUT:
             return await _answer_and_close(request, exc.response())

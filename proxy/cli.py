@@ -635,11 +635,12 @@ def _rejections(args: argparse.Namespace) -> int:
             r.resource or "-",
             r.holder or "-",
             str(r.epoch or "-"),
+            r.client or "-",
             str(r.count),
         ]
         for r in found
     ]
-    header = ["at", "code", "request", "route", "resource", "holder", "epoch", "count"]
+    header = ["at", "code", "request", "route", "resource", "holder", "epoch", "client", "count"]
     _print(args, [r.as_json() for r in found], rows, header)
     return 0
 

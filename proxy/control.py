@@ -137,8 +137,8 @@ async def acquire(request: web.Request) -> web.Response:
 async def _refuse_acquire(
     request: web.Request, refusal: Refusal, resource: str, holder: str
 ) -> web.Response:
-    # rate_limited names no lease: recorded without the holder (anyone may invent one),
-    # it is counted rather than kept a row each (store/manager.py COUNTED_CODES).
+    # rate_limited names no lease: recorded without the holder (anyone may invent one).
+    # Any other holder is kept on the record only if it held the lease named.
     limited = refusal.code is ErrorCode.RATE_LIMITED
     await _record(request, refusal, resource=resource, holder=None if limited else holder)
     return refusal_response(refusal)

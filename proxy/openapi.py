@@ -434,6 +434,30 @@ def _problem_schema() -> dict[str, Any]:
     }
 
 
+# One kind of refusal on the record (store/refusals.py): `count` requests from
+# `first_seen` to `at`; method, path and fingerprint are the latest one's. A name the
+# store did not know when it counted (a resource never leased, a holder of nothing) is null.
+_NULLABLE_TEXT: dict[str, Any] = {"type": ["string", "null"]}
+_REFUSAL_KIND: dict[str, Any] = {
+    "type": "object",
+    "required": ["at", "first_seen", "count", "code", "method", "path"],
+    "properties": {
+        "at": {"type": "number"},
+        "first_seen": {"type": "number"},
+        "count": {"type": "integer", "minimum": 1},
+        "code": {"type": "string"},
+        "method": {"type": "string"},
+        "path": {"type": "string"},
+        "route": _NULLABLE_TEXT,
+        "resource": _NULLABLE_TEXT,
+        "holder": _NULLABLE_TEXT,
+        "epoch": {"type": ["integer", "null"]},
+        "client": _NULLABLE_TEXT,
+        "fingerprint": _NULLABLE_TEXT,
+    },
+}
+
+
 def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
     """The document; with the running policy's `leases`, `ttl_s` carries its bounds."""
     ttl_s = _ttl(leases)
@@ -776,7 +800,7 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                                     "properties": {
                                         "rejections": {
                                             "type": "array",
-                                            "items": {"type": "object"},
+                                            "items": _REFUSAL_KIND,
                                         }
                                     },
                                 },

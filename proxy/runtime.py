@@ -15,6 +15,7 @@ from core.codes import ErrorCode
 from core.quotas import AcquireRate
 from core.records import Rejection
 from policies import Policy
+from proxy.auth import CLIENT
 from proxy.identity import IdentityCheck
 from proxy.metrics import Metrics
 from proxy.readiness import Readiness
@@ -62,8 +63,14 @@ class Runtime:
         resource: str | None = None,
         holder: str | None = None,
         epoch: int | None = None,
+        client: str | None = None,
     ) -> None:
         self.metrics.count_refusal(code)
+        # The record keeps configured clients only: one refused before it was
+        # authenticated names itself in the refusal (`client`), else none.
+        authenticated = request.get(CLIENT)
+        if client is None and authenticated is not None:
+            client = authenticated.name
         # A refusal that cannot be recorded is still a refusal: nothing was forwarded.
         with contextlib.suppress(StoreUnavailable):
             await self.store.record_rejection(
@@ -75,6 +82,7 @@ class Runtime:
                     resource=resource,
                     holder=holder,
                     epoch=epoch,
+                    client=client,
                 )
             )
 

@@ -8,7 +8,6 @@ which database answers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
@@ -34,40 +33,13 @@ from core.records import (
     Rejection,
     ResourceState,
     StoredResponse,
-    stored_path,
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
+from store.refusals import RefusalRecord
 from store.rows import effect_record, idempotency_record, lease_record, response_meta
-from store.tally import CountKey, RefusalTally
 
 log = logging.getLogger(__name__)
-
-# Distinct counted refusals kept per code before new kinds fold into its '<other>' row:
-# with about a dozen codes and 256-character paths the table stays well under 1 MB.
-MAX_COUNTED_PER_CODE = 100
-
-# Refusals anyone can cause without a valid credential: counted when they name no lease
-# (`counted` below). missing_idempotency_key is checked before the token is looked up,
-# so a well-formed forged token is enough to cause it.
-COUNTED_CODES = frozenset(
-    {
-        ErrorCode.NO_ROUTE,
-        ErrorCode.MISSING_TOKEN,
-        ErrorCode.INVALID_TOKEN,
-        ErrorCode.UNAUTHORIZED,
-        ErrorCode.METHOD_NOT_ALLOWED,
-        ErrorCode.URI_TOO_LONG,
-        ErrorCode.MISSING_IDEMPOTENCY_KEY,
-        ErrorCode.INVALID_REQUEST,
-        ErrorCode.PAYLOAD_TOO_LARGE,
-        ErrorCode.HEADERS_TOO_LARGE,
-        ErrorCode.REQUEST_TIMEOUT,
-        # Names no lease, and comes in floods by nature: a row each would make the
-        # quota that refuses a runaway client grow the store for it.
-        ErrorCode.RATE_LIMITED,
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -194,12 +166,8 @@ class Store:
     def __init__(self, connector: Connector, instance_id: str) -> None:
         self.connector = connector
         self.instance_id = instance_id
-        # Refusals counted since the last flush_refusal_counts (store/tally.py).
-        self.refusal_tally = RefusalTally(MAX_COUNTED_PER_CODE)
-        # One flush at a time: a flush that starts while another has taken its counts
-        # but not committed them would judge the per-code bound on rows it cannot see
-        # (overshooting it on PostgreSQL), and a listing after it would miss them.
-        self._flushing = asyncio.Lock()
+        # Every refusal is counted there and written by flush_refusal_counts.
+        self.refusals = RefusalRecord(connector, instance_id)
         self.lease_observer: LeaseObserver | None = None
 
     def _observe(self, resource: str, how: str, turn_s: float | None = None) -> None:
@@ -425,18 +393,18 @@ class Store:
         decided = await self.connector.write(
             self._admission(token_hash, new, clients), own_clock=True
         )
-        if isinstance(decided, _Counted):
-            self.refusal_tally.add(_count_key(decided.rejection))
-            return decided.refusal
-        if isinstance(decided, _CameBack):
-            self._observe(decided.resource, CAME_BACK)
+        if isinstance(decided, _Refused):
+            # Counted once the transaction is over: a retried one must not count twice.
+            self.refusals.count(decided.rejection)
+            if decided.came_back is not None:
+                self._observe(decided.came_back, CAME_BACK)
             return decided.refusal
         return decided
 
     def _admission(
         self, token_hash: str, new: NewEffect, clients: fencing.Clients
-    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
-        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
+    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Refused]]:
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Refused:
             # One statement reads it all, under the resource's lock (a round trip
             # each is what a fenced request costs on PostgreSQL).
             row = await tx.one(
@@ -471,18 +439,11 @@ class Store:
                     epoch=lease.epoch if lease else None,
                     fingerprint=new.fingerprint,
                 )
-                # A token that matches no lease (forged, yet well formed) is counted
-                # like any other refusal naming no lease, once the transaction is
-                # over (a retried transaction must not count it twice).
-                if counted(rejection):
-                    return _Counted(decision, rejection)
-                await _insert_rejection(tx, rejection)
                 # Only a token of this very resource: another's says nothing of its lease.
+                came_back = None
                 if state is not None:
                     came_back = await _mark_came_back(tx, lease, decision.code)
-                    if came_back is not None:
-                        return _CameBack(decision, came_back)
-                return decision
+                return _Refused(decision, rejection, came_back)
             assert isinstance(decision, Admit) and lease is not None
             effect = EffectRecord(
                 id=_new_effect_id(),
@@ -859,66 +820,22 @@ class Store:
     # -- refusals and housekeeping -------------------------------------------
 
     async def record_rejection(self, rejection: Rejection) -> None:
-        """Record a refusal: counted when it names no lease and anyone could have
-        caused it (`counted`; written by the next flush_refusal_counts), else one row
-        of its own."""
-        if counted(rejection):
-            self.refusal_tally.add(_count_key(rejection))
-            return
-
-        async def operation(tx: Tx) -> None:
-            await _insert_rejection(tx, rejection)
-
-        await self.connector.write(operation)
+        """Count a refusal on the record (store/refusals.py): no I/O until the next
+        flush_refusal_counts."""
+        self.refusals.count(rejection)
 
     async def flush_refusal_counts(self) -> int:
-        """Write the refusals counted since the last flush, in one transaction; how
-        many kinds were written. Their first and last time seen are the flush's, so
-        they are as exact as the flushes are frequent. On failure they are counted
-        again for the next flush."""
-        async with self._flushing:
-            taken = self.refusal_tally.take()
-            if not taken:
-                return 0
-
-            async def operation(tx: Tx) -> int:
-                for key, n in taken.items():
-                    await _add_to_refusal_count(tx, key, n)
-                return len(taken)
-
-            try:
-                return await self.connector.write(operation)
-            except BaseException:
-                self.refusal_tally.give_back(taken)
-                raise
+        """Write the refusals counted since the last flush (and a batch an earlier
+        flush may not have written), a transaction a batch; how many kinds were
+        written. Their first and last time seen are the flush's, so they are as exact
+        as the flushes are frequent. A flush that failed or was cancelled leaves its
+        counts for the next, which never writes them twice."""
+        return await self.refusals.flush()
 
     async def rejections(self, resource: str | None = None, limit: int = 100) -> list[Rejection]:
-        """Newest first: per-request rejections and counted refusals (at their last
-        time seen), all of them or those of `resource`. This instance's counts are
-        written first; another replica's are as of its last flush."""
-        await self.flush_refusal_counts()
-
-        async def operation(tx: Tx) -> list[Rejection]:
-            if resource is None:
-                rows = await tx.all("rejections", limit=limit)
-                counts = await tx.all("refusal_counts", limit=limit)
-            else:
-                rows = await tx.all("rejections_of_resource", resource=resource, limit=limit)
-                counts = await tx.all("refusal_counts_of_resource", resource=resource, limit=limit)
-            found = [Rejection(**row) for row in rows]
-            # '' stands for "none" in the counted rows' key (see the migration).
-            counted = [
-                Rejection(
-                    **{**row, "route": row["route"] or None, "resource": row["resource"] or None}
-                )
-                for row in counts
-            ]
-            # Two bounded reads merged here rather than one UNION ordered in SQL, which
-            # the planner might answer by sorting the whole rejections table. sorted()
-            # is stable: at a tie the per-request rejection comes first.
-            return sorted(found + counted, key=lambda r: r.at, reverse=True)[:limit]
-
-        return await self.connector.read(operation)
+        """Newest first: the refusals on record, all of them or those of `resource`,
+        each kind with its count and first and last time seen."""
+        return await self.refusals.listing(resource, limit)
 
     async def collect_garbage(self) -> int:
         """Delete idempotency records past their retention whose effect is settled."""
@@ -958,15 +875,14 @@ class Store:
                     await tx.execute("delete_keys_of_effects", ids=ids, now=tx.now)
                     effects = await tx.execute("delete_effects", ids=ids)
             if retention.rejections_s > 0:
+                # Kinds of refusal not seen since the horizon.
                 rejections = await tx.execute(
-                    "delete_expired_rejections",
+                    "delete_expired_refusals",
                     horizon=tx.now - retention.rejections_s,
                     limit=retention.batch,
                 )
-                # Counted refusals not seen since the horizon go too. Not batched: the
-                # table is bounded (MAX_COUNTED_PER_CODE rows a code).
-                rejections += await tx.execute(
-                    "delete_expired_refusal_counts", horizon=tx.now - retention.rejections_s
+                await tx.execute(
+                    "delete_expired_refusal_batches", horizon=tx.now - retention.rejections_s
                 )
             leases = resources = 0
             if retention.leases_s > 0:
@@ -1560,74 +1476,11 @@ async def _insert_event(
     )
 
 
-def counted(rejection: Rejection) -> bool:
-    """Whether a refusal is counted rather than kept as a row of its own (issue 8,
-    item 1): its code is one anyone can cause without a valid credential and it
-    names no lease. One row per request of those would let a client without a token
-    fill the disk; a refusal naming a lease is evidence about a worker and is kept."""
-    return rejection.code in COUNTED_CODES and rejection.holder is None and rejection.epoch is None
-
-
 @dataclass(frozen=True)
-class _CameBack:
-    """An admission refused to a holder whose lease had expired while it worked."""
-
-    refusal: Refusal
-    resource: str
-
-
-@dataclass(frozen=True)
-class _Counted:
-    """An admission refused with a refusal to count once its transaction is over."""
+class _Refused:
+    """An admission refused: the refusal to count once its transaction is over, and
+    the resource whose holder it proved back after its lease expired, if newly so."""
 
     refusal: Refusal
     rejection: Rejection
-
-
-def _count_key(rejection: Rejection) -> CountKey:
-    return CountKey(
-        code=rejection.code,
-        route=rejection.route or "",
-        resource=rejection.resource or "",
-        method=rejection.method,
-        path=stored_path(rejection.path),
-    )
-
-
-async def _add_to_refusal_count(tx: Tx, key: CountKey, n: int) -> None:
-    """One row per (code, route, resource, method, truncated path): its count, first and
-    last time seen. Once a code has MAX_COUNTED_PER_CODE rows, a new kind is counted in
-    that code's one '<other>' row (no route or resource, method '*'): neither junk
-    paths nor junk methods can add rows past that, so the table stays bounded."""
-    fields = {
-        "code": key.code,
-        "route": key.route,
-        "resource": key.resource,
-        "method": key.method,
-        "path": key.path,
-    }
-    if await tx.execute("bump_refusal_count", now=tx.now, n=n, **fields):
-        return
-    kinds = await tx.one("refusal_kinds_of_code", code=key.code)
-    if kinds and int(kinds["n"]) >= MAX_COUNTED_PER_CODE:
-        other = key.other()
-        fields.update(
-            route=other.route, resource=other.resource, method=other.method, path=other.path
-        )
-    # An upsert, not an insert: another replica may have added the row since.
-    await tx.execute("upsert_refusal_count", now=tx.now, n=n, **fields)
-
-
-async def _insert_rejection(tx: Tx, rejection: Rejection) -> None:
-    await tx.execute(
-        "insert_rejection",
-        at=tx.now,
-        code=rejection.code,
-        method=rejection.method,
-        path=stored_path(rejection.path),
-        route=rejection.route,
-        resource=rejection.resource,
-        holder=rejection.holder,
-        epoch=rejection.epoch,
-        fingerprint=rejection.fingerprint,
-    )
+    came_back: str | None

@@ -6,11 +6,18 @@
 -- lock_resource --
 -- Upserting takes the resource row's lock (a row with epoch 0 for a resource never
 -- leased), so every decision about one resource runs one replica at a time.
--- The lock may have been waited for: the decision is judged at the time it is held.
-INSERT INTO resources (resource, epoch) VALUES (:resource, 0)
-ON CONFLICT (resource) DO UPDATE SET epoch = resources.epoch
-RETURNING extract(epoch FROM clock_timestamp())::float8
-          + (SELECT clock_offset_s FROM store_meta) AS now
+-- WHERE FALSE: the row is locked, not updated. An update would leave a row version per
+-- decision (refused ones included: 10^5 refused renews grew resources by 3 MB until a
+-- vacuum). The lock may have been waited for: the decision is judged at the time it is
+-- held, so the time is read once the upsert has run (the aggregate waits for it).
+WITH locked AS (
+    INSERT INTO resources AS r (resource, epoch) VALUES (:resource, 0)
+    ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE
+    RETURNING 1
+)
+SELECT extract(epoch FROM clock_timestamp())::float8
+       + (SELECT clock_offset_s FROM store_meta) AS now
+FROM (SELECT count(*) FROM locked) AS held
 
 -- resource_state --
 -- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch
@@ -174,51 +181,61 @@ SELECT * FROM effects
 WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
--- insert_rejection --
-INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, fingerprint)
-VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
+-- claim_refusal_batch --
+-- Whether batch :seq of :flusher is new: recorded here, in the transaction that writes
+-- its counts, so a batch retried after a cancelled flush is written once (0 rows: the
+-- batch was written already).
+INSERT INTO refusal_batches (flusher, seq, at) VALUES (:flusher, :seq, :now)
+ON CONFLICT (flusher) DO UPDATE SET seq = excluded.seq, at = excluded.at
+WHERE refusal_batches.seq < excluded.seq
 
--- bump_refusal_count --
--- greatest/least: a flush that started earlier can commit later (another replica's, or
--- on PostgreSQL now() is the transaction's start); a row keeps spanning both times.
-UPDATE refusal_counts
-SET count = count + :n, first_seen = least(first_seen, :now), last_seen = greatest(last_seen, :now)
-WHERE code = :code AND route = :route AND resource = :resource AND method = :method
-  AND path = :path
+-- add_refusals --
+-- A batch's counts, :kinds a JSON array of {resource, code, route, epoch, holder,
+-- client, n, method, path, fingerprint, i}, in one statement. A name is kept only if it
+-- exists (the key stays bounded by what exists, whatever the requests say): the resource
+-- if it is a row of resources, the epoch if that resource had a lease at it, the holder
+-- if it held that lease; the client is the caller's, else that lease's. Kinds that come
+-- to one key are summed first, so each row is written once a flush (one row version
+-- each, not one per kind), with the sample of the kind with the highest i; in the key's
+-- order, so that two replicas' flushes lock rows in one order and never deadlock.
+-- least/greatest: a flush that started earlier can commit later (another replica's);
+-- a row keeps spanning both times.
+INSERT INTO refusals (resource, code, route, epoch, holder, client, count, first_seen,
+                      last_seen, method, path, fingerprint)
+SELECT resource, code, route, epoch, holder, client, sum(n), :now::float8, :now::float8,
+       (array_agg(method ORDER BY i DESC))[1], (array_agg(path ORDER BY i DESC))[1],
+       (array_agg(fingerprint ORDER BY i DESC))[1]
+FROM (
+    SELECT coalesce(r.resource, '') AS resource, k.code, k.route,
+           CASE WHEN l.resource IS NULL THEN 0 ELSE l.epoch END AS epoch,
+           CASE WHEN l.holder = k.holder THEN l.holder ELSE '' END AS holder,
+           CASE WHEN k.client <> '' THEN k.client ELSE coalesce(l.client, '') END AS client,
+           k.n, k.method, k.path, k.fingerprint, k.i
+    FROM jsonb_to_recordset(:kinds::jsonb) AS k(
+        resource text, code text, route text, epoch bigint, holder text, client text,
+        n bigint, method text, path text, fingerprint text, i bigint)
+    LEFT JOIN resources r ON r.resource = k.resource
+    LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = k.epoch
+) AS kinds
+GROUP BY resource, code, route, epoch, holder, client
+ORDER BY resource, code, route, epoch, holder, client
+ON CONFLICT (resource, code, route, epoch, holder, client) DO UPDATE SET
+    count = refusals.count + excluded.count,
+    first_seen = least(refusals.first_seen, excluded.first_seen),
+    last_seen = greatest(refusals.last_seen, excluded.last_seen),
+    method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint
 
--- refusal_kinds_of_code --
-SELECT count(*) AS n FROM refusal_counts WHERE code = :code
-
--- upsert_refusal_count --
-INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
-VALUES (:code, :route, :resource, :method, :path, :now, :now, :n)
-ON CONFLICT (code, route, resource, method, path)
-DO UPDATE SET count = refusal_counts.count + excluded.count,
-    first_seen = least(refusal_counts.first_seen, excluded.first_seen),
-    last_seen = greatest(refusal_counts.last_seen, excluded.last_seen)
-
--- refusal_counts --
--- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.
-SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
-FROM refusal_counts
+-- refusals --
+SELECT last_seen AS at, first_seen, count, code, method, path, route, resource, holder,
+       epoch, client, fingerprint
+FROM refusals
 ORDER BY last_seen DESC LIMIT :limit
 
--- refusal_counts_of_resource --
-SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
-FROM refusal_counts WHERE resource = :resource
+-- refusals_of_resource --
+SELECT last_seen AS at, first_seen, count, code, method, path, route, resource, holder,
+       epoch, client, fingerprint
+FROM refusals WHERE resource = :resource
 ORDER BY last_seen DESC LIMIT :limit
-
--- delete_expired_refusal_counts --
-DELETE FROM refusal_counts WHERE last_seen < :horizon
-
--- rejections --
-SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
-ORDER BY id DESC LIMIT :limit
-
--- rejections_of_resource --
-SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
-WHERE resource = :resource
-ORDER BY id DESC LIMIT :limit
 
 -- gc_lock --
 -- One replica at a time collects garbage; the others skip this round.
@@ -268,11 +285,19 @@ DELETE FROM effects
 WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)))
   AND state NOT IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
 
--- delete_expired_rejections --
--- The ids as one array, so that they are looked up (an IN subquery may be hash-joined
--- against the whole table).
-DELETE FROM rejections
-WHERE id = ANY (ARRAY(SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit))
+-- delete_expired_refusals --
+-- Kinds not seen since the horizon, oldest first (from refusals_by_last_seen), at most
+-- :limit a pass.
+-- By ctid, as one array: looked up, where a key IN subquery may be hash-joined against
+-- the whole table.
+DELETE FROM refusals
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM refusals WHERE last_seen < :horizon ORDER BY last_seen LIMIT :limit))
+
+-- delete_expired_refusal_batches --
+-- A batch's mark matters only while a flush may retry it (seconds); one row a store
+-- ever opened is dropped with the refusals of its time.
+DELETE FROM refusal_batches WHERE at < :horizon
 
 -- delete_expired_leases --
 -- Leases that expired before the horizon: not one of them can be live again (a lease is

@@ -160,51 +160,74 @@ SELECT * FROM effects
 WHERE (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
--- insert_rejection --
-INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch, fingerprint)
-VALUES (:at, :code, :method, :path, :route, :resource, :holder, :epoch, :fingerprint)
+-- claim_refusal_batch --
+-- Whether batch :seq of :flusher is new: recorded here, in the transaction that writes
+-- its counts, so a batch retried after a cancelled flush is written once (0 rows: the
+-- batch was written already).
+INSERT INTO refusal_batches (flusher, seq, at) VALUES (:flusher, :seq, :now)
+ON CONFLICT (flusher) DO UPDATE SET seq = excluded.seq, at = excluded.at
+WHERE refusal_batches.seq < excluded.seq
 
--- bump_refusal_count --
--- max/min: a flush that started earlier can commit later (another replica's, or
--- on PostgreSQL now() is the transaction's start); a row keeps spanning both times.
-UPDATE refusal_counts
-SET count = count + :n, first_seen = min(first_seen, :now), last_seen = max(last_seen, :now)
-WHERE code = :code AND route = :route AND resource = :resource AND method = :method
-  AND path = :path
+-- add_refusals --
+-- A batch's counts, :kinds a JSON array of {resource, code, route, epoch, holder,
+-- client, n, method, path, fingerprint, i}, in one statement. A name is kept only if it
+-- exists (the key stays bounded by what exists, whatever the requests say): the resource
+-- if it is a row of resources, the epoch if that resource had a lease at it, the holder
+-- if it held that lease; the client is the caller's, else that lease's. Kinds that come
+-- to one key are summed first, so each row is written once a flush (the sample is the
+-- kind with the highest i). min/max: a flush that started earlier can commit later
+-- (another replica's); a row keeps spanning both times.
+INSERT INTO refusals (resource, code, route, epoch, holder, client, count, first_seen,
+                      last_seen, method, path, fingerprint)
+SELECT resource, code, route, epoch, holder, client, n, :now, :now, method, path, fingerprint
+FROM (
+    -- One max() aggregate: the bare columns are those of the row with the highest i.
+    SELECT resource, code, route, epoch, holder, client, sum(n) AS n, method, path,
+           fingerprint, max(i)
+    FROM (
+        SELECT coalesce(r.resource, '') AS resource, k.code, k.route,
+               CASE WHEN l.resource IS NULL THEN 0 ELSE l.epoch END AS epoch,
+               CASE WHEN l.holder = k.holder THEN l.holder ELSE '' END AS holder,
+               CASE WHEN k.client <> '' THEN k.client ELSE coalesce(l.client, '') END
+                   AS client,
+               k.n, k.method, k.path, k.fingerprint, k.i
+        FROM (
+            SELECT json_extract(value, '$.resource') AS resource,
+                   json_extract(value, '$.code') AS code,
+                   json_extract(value, '$.route') AS route,
+                   json_extract(value, '$.epoch') AS epoch,
+                   json_extract(value, '$.holder') AS holder,
+                   json_extract(value, '$.client') AS client,
+                   json_extract(value, '$.n') AS n,
+                   json_extract(value, '$.method') AS method,
+                   json_extract(value, '$.path') AS path,
+                   json_extract(value, '$.fingerprint') AS fingerprint,
+                   json_extract(value, '$.i') AS i
+            FROM json_each(:kinds)
+        ) AS k
+        LEFT JOIN resources r ON r.resource = k.resource
+        LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = k.epoch
+    )
+    GROUP BY resource, code, route, epoch, holder, client
+)
+WHERE TRUE
+ON CONFLICT (resource, code, route, epoch, holder, client) DO UPDATE SET
+    count = refusals.count + excluded.count,
+    first_seen = min(refusals.first_seen, excluded.first_seen),
+    last_seen = max(refusals.last_seen, excluded.last_seen),
+    method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint
 
--- refusal_kinds_of_code --
-SELECT count(*) AS n FROM refusal_counts WHERE code = :code
-
--- upsert_refusal_count --
-INSERT INTO refusal_counts (code, route, resource, method, path, first_seen, last_seen, count)
-VALUES (:code, :route, :resource, :method, :path, :now, :now, :n)
-ON CONFLICT (code, route, resource, method, path)
-DO UPDATE SET count = refusal_counts.count + excluded.count,
-    first_seen = min(refusal_counts.first_seen, excluded.first_seen),
-    last_seen = max(refusal_counts.last_seen, excluded.last_seen)
-
--- refusal_counts --
--- The table is bounded (MAX_COUNTED_PER_CODE rows a code): no index is needed.
-SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
-FROM refusal_counts
+-- refusals --
+SELECT last_seen AS at, first_seen, count, code, method, path, route, resource, holder,
+       epoch, client, fingerprint
+FROM refusals
 ORDER BY last_seen DESC LIMIT :limit
 
--- refusal_counts_of_resource --
-SELECT last_seen AS at, code, method, path, route, resource, count, first_seen
-FROM refusal_counts WHERE resource = :resource
+-- refusals_of_resource --
+SELECT last_seen AS at, first_seen, count, code, method, path, route, resource, holder,
+       epoch, client, fingerprint
+FROM refusals WHERE resource = :resource
 ORDER BY last_seen DESC LIMIT :limit
-
--- delete_expired_refusal_counts --
-DELETE FROM refusal_counts WHERE last_seen < :horizon
-
--- rejections --
-SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
-ORDER BY id DESC LIMIT :limit
-
--- rejections_of_resource --
-SELECT at, code, method, path, route, resource, holder, epoch, fingerprint FROM rejections
-WHERE resource = :resource
-ORDER BY id DESC LIMIT :limit
 
 -- gc_lock --
 SELECT 1 AS acquired
@@ -245,9 +268,18 @@ DELETE FROM idempotency WHERE effect_id IN (SELECT value FROM json_each(:ids))
 DELETE FROM effects WHERE id IN (SELECT value FROM json_each(:ids))
   AND state NOT IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
 
--- delete_expired_rejections --
-DELETE FROM rejections WHERE id IN (
-    SELECT id FROM rejections WHERE at < :horizon ORDER BY at LIMIT :limit)
+-- delete_expired_refusals --
+-- Kinds not seen since the horizon, oldest first (from refusals_by_last_seen), at most
+-- :limit a pass.
+DELETE FROM refusals
+WHERE (resource, code, route, epoch, holder, client) IN (
+    SELECT resource, code, route, epoch, holder, client FROM refusals
+    WHERE last_seen < :horizon ORDER BY last_seen LIMIT :limit)
+
+-- delete_expired_refusal_batches --
+-- A batch's mark matters only while a flush may retry it (seconds); one row a store
+-- ever opened is dropped with the refusals of its time.
+DELETE FROM refusal_batches WHERE at < :horizon
 
 -- delete_expired_leases --
 -- Leases that expired before the horizon: not one of them can be live again (a lease is

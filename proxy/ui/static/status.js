@@ -298,12 +298,13 @@
         { class: "refusal-group", "data-code": code },
         el("h4", {}, `${code}: ${rows.reduce((sum, r) => sum + r.count, 0)} refused`),
         table(
-          ["at", "request", "resource", "holder", "count"],
+          ["at", "request", "resource", "holder", "client", "count"],
           rows.slice(0, 3).map((r) => [
             new Date(r.at * 1000).toLocaleTimeString(),
             `${r.method} ${r.path}`,
             r.resource || "–",
             r.holder || "–",
+            r.client || "–",
             r.count,
           ])
         )

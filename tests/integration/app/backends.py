@@ -177,20 +177,22 @@ _SEED_KEYS = {
         WHERE id LIKE $1::text || '%' AND substr(id, length($1::text) + 1)::int % $2 = 0
     """,
 }
-_SEED_REJECTIONS = {
+# One kind of refusal each (distinct epochs of one resource in 1000, a holder a call):
+# as many rows.
+_SEED_REFUSALS = {
     "sqlite": """
         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :count)
-        INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch,
-                                fingerprint)
-        SELECT :at, 'stale_epoch', 'POST', '/orders/seed', 'place-order',
-               :resource || (i % 1000), 'seed', 1, 'fp-seed'
+        INSERT INTO refusals (resource, code, route, epoch, holder, client, count, first_seen,
+                              last_seen, method, path, fingerprint)
+        SELECT :resource || (i % 1000), 'stale_epoch', 'place-order', i + 1, :holder, '', 1,
+               :at, :at, 'POST', '/orders/seed', 'fp-seed'
         FROM n
     """,
     "postgresql": """
-        INSERT INTO rejections (at, code, method, path, route, resource, holder, epoch,
-                                fingerprint)
-        SELECT $1::float8, 'stale_epoch', 'POST', '/orders/seed', 'place-order',
-               $2::text || (i % 1000), 'seed', 1, 'fp-seed'
+        INSERT INTO refusals (resource, code, route, epoch, holder, client, count, first_seen,
+                              last_seen, method, path, fingerprint)
+        SELECT $2::text || (i % 1000), 'stale_epoch', 'place-order', i + 1, $4::text, '', 1,
+               $1::float8, $1::float8, 'POST', '/orders/seed', 'fp-seed'
         FROM generate_series(0, $3 - 1) AS i
     """,
 }
@@ -256,13 +258,12 @@ async def seed_settled_effects(
     await _seed(store_url, statements)
 
 
-async def seed_rejections(
-    store_url: str, count: int, *, at: float, resource: str = "seed:r"
-) -> None:
-    """`count` rejections recorded at `at`, with one INSERT ... SELECT."""
+async def seed_refusals(store_url: str, count: int, *, at: float, resource: str = "seed:r") -> None:
+    """`count` kinds of refusal on record, each last seen at `at`, with one INSERT ... SELECT."""
     backend = backend_of(store_url)
-    named = {"count": count, "at": at, "resource": resource}
-    await _seed(store_url, [(_SEED_REJECTIONS[backend], named, [at, resource, count])])
+    holder = "seed-" + secrets.token_hex(4)
+    named = {"count": count, "at": at, "resource": resource, "holder": holder}
+    await _seed(store_url, [(_SEED_REFUSALS[backend], named, [at, resource, count, holder])])
 
 
 _SEED_RESOURCES = {

@@ -408,22 +408,18 @@ async def test_bad_input_is_refused_without_effect(prepared: tuple[Fence, str], 
     assert newest["code"] == case.code
     assert newest["method"] == case.method
     assert rejections_after[1:] == rejections_before
-    # None of these names a lease, so each is counted rather than kept as its own row
-    # (issue 8, item 1): anyone can send them, and one row each would fill the disk.
+    # Every refusal is one more in a count of its kind (store/refusals.py): anyone can
+    # send these, and one row each would fill the disk.
     assert newest["count"] == 1
-    assert sqlite_rows(fence.db_path, "SELECT code FROM rejections") == []
-    assert sqlite_rows(fence.db_path, "SELECT code, count FROM refusal_counts") == [(case.code, 1)]
+    assert sqlite_rows(fence.db_path, "SELECT code, count FROM refusals") == [(case.code, 1)]
     assert_no_secret_stored(fence, token)
 
 
 def assert_no_secret_stored(fence: Fence, token: str) -> None:
-    """The rejection records hold neither the token, the Authorization header nor a body.
-    A refusal naming no lease is counted in refusal_counts, one naming one is a row of
-    rejections (issue 8, item 1): either way it is somewhere, and holds no secret."""
+    """The refusal record holds neither the token, the Authorization header nor a body:
+    each refusal is on it (store/refusals.py), and holds no secret."""
     secrets = (token, ADMIN_TOKEN, WRONG_BEARER, MARKER, FORGED_TOKEN)
-    rows = sqlite_rows(fence.db_path, "SELECT * FROM rejections") + sqlite_rows(
-        fence.db_path, "SELECT * FROM refusal_counts"
-    )
+    rows = sqlite_rows(fence.db_path, "SELECT * FROM refusals")
     assert rows
     text = json.dumps(rows, default=repr)
     for secret in secrets:

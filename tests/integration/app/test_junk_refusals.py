@@ -1,11 +1,11 @@
 """Refusals anyone can cause without a token cannot fill the disk (issue 8, item 1).
 
-A refusal that names no lease (no_route, missing_token, invalid_token, ...) is counted
-in `refusal_counts`, one row per (code, route, resource, method, truncated path); past
-MAX_COUNTED_PER_CODE kinds a code's new ones fold into its '<other>' row. A refusal
-naming a lease stays one `rejections` row with holder and epoch. Every stored path is
-truncated, and a request target over 8 KiB is `414 uri_too_long`. On SQLite and
-PostgreSQL.
+Every refusal (no_route, missing_token, invalid_token, ...) is counted on the refusal
+record (store/refusals.py), one row per (resource, code, route, epoch, holder, client)
+where only names that exist are kept; the path is a sample, truncated. A refusal
+naming a lease keeps its holder and epoch. A request target over 8 KiB is
+`414 uri_too_long`. On SQLite and PostgreSQL. (The flood of every kind, and the
+tally's batches, are in test_bounded_refusals.py.)
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from core.records import STORED_PATH_CHARS, TRUNCATED_MARK, Rejection
 from policies import Retention
 from proxy.requests import MAX_TARGET
 from store import Purged, StoreUnavailable
-from store.manager import MAX_COUNTED_PER_CODE
-from store.tally import OTHER_PATH
 from tests.integration.app import backends
 from tests.integration.app.conftest import FakeClock, Fence, FenceFactory, assert_problem
 from tests.integration.app.test_cli_and_admin_api import cli_main
@@ -85,9 +83,8 @@ async def test_ten_thousand_junk_refusals_grow_the_store_by_under_a_megabyte(
     assert statuses == {404: 4000, 401: 4000, 400: 1000, 403: 1000}
     grown = await store_bytes(fence) - before
     assert grown < 1_000_000, grown
-    assert await fence.rows("SELECT count(*) FROM rejections") == [(0,)]
     counted = await fence.rows(
-        "SELECT code, method, path, route, count FROM refusal_counts ORDER BY code, path"
+        "SELECT code, method, path, route, count FROM refusals ORDER BY code, path"
     )
     by_code: Counter[str] = Counter()
     for code, _method, _path, _route, count in counted:
@@ -100,23 +97,21 @@ async def test_ten_thousand_junk_refusals_grow_the_store_by_under_a_megabyte(
         "unauthorized": 1000,
     }
     assert ("missing_token", "POST", "/orders/widget", "place-order", 3000) in counted
-    # Distinct kinds are bounded: 100 a code, then one '<other>' row with the rest.
-    assert sum(1 for row in counted if row[0] == "no_route") == MAX_COUNTED_PER_CODE + 1
-    assert ("no_route", "*", OTHER_PATH, "", 4000 - MAX_COUNTED_PER_CODE) in counted
+    # Paths are no kind of their own: one row a code here (no resource exists).
+    assert sum(1 for row in counted if row[0] == "no_route") == 1
     assert all(len(row[2]) <= STORED_PATH_CHARS + len(TRUNCATED_MARK) for row in counted)
     # The listing shows the counted rows, with the fields of a rejection and a count.
     listed = await fence.rejections()
     widget = next(r for r in listed if r["path"] == "/orders/widget")
     assert widget["count"] == 3000
     assert widget["route"] == "place-order"
-    assert widget["resource"] == "supplier:widget"
+    # Never leased, so not named: anyone can make up resource names in paths.
+    assert widget["resource"] is None
     assert widget["holder"] is None and widget["epoch"] is None
     assert widget["first_seen"] <= widget["at"]
-    # And ?resource= finds it: the counted rows keep the resource their path names.
-    assert await fence.rejections(resource="supplier:widget") == [widget]
 
 
-async def test_a_refusal_naming_a_lease_is_still_one_row_with_holder_and_epoch(
+async def test_refusals_naming_a_lease_are_one_row_with_holder_epoch_and_count(
     fence: Fence,
 ) -> None:
     lease = await fence.acquire("supplier:widget")
@@ -124,14 +119,12 @@ async def test_a_refusal_naming_a_lease_is_still_one_row_with_holder_and_epoch(
     for key in ("k-1", "k-2"):
         await assert_problem(await fence.order("widget", lease["token"], key), 409, "stale_epoch")
 
-    rows = await fence.rows("SELECT code, holder, epoch FROM rejections")
-    assert rows == [("stale_epoch", lease["holder"], lease["epoch"])] * 2
-    assert await fence.rows("SELECT count(*) FROM refusal_counts") == [(0,)]
     listed = await fence.rejections()
-    assert [(r["code"], r["count"], r["holder"]) for r in listed] == [
-        ("stale_epoch", 1, lease["holder"])
-    ] * 2
-    assert all(r["first_seen"] == r["at"] for r in listed)
+    assert [(r["code"], r["count"], r["holder"], r["epoch"]) for r in listed] == [
+        ("stale_epoch", 2, lease["holder"], lease["epoch"])
+    ]
+    rows = await fence.rows("SELECT code, holder, epoch, count FROM refusals")
+    assert rows == [("stale_epoch", lease["holder"], lease["epoch"], 2)]
 
 
 async def test_a_request_target_over_8_kib_is_414_and_counted(fence: Fence) -> None:
@@ -142,19 +135,26 @@ async def test_a_request_target_over_8_kib_is_414_and_counted(fence: Fence) -> N
     assert "8192" in problem["detail"]
     await fence.store.flush_refusal_counts()
 
-    counted = await fence.rows("SELECT code, path, count FROM refusal_counts ORDER BY code")
+    counted = await fence.rows("SELECT code, path, count FROM refusals ORDER BY code")
     assert counted == [("no_route", "/junk", 1), ("uri_too_long", "/junk", 1)]
 
 
-async def test_a_stored_path_is_truncated_in_a_per_request_rejection_too(fence: Fence) -> None:
+async def test_a_sampled_path_is_truncated_with_a_lease_named_too(fence: Fence) -> None:
+    lease = await fence.acquire("supplier:widget", "a")
     long_path = "/orders/" + "w" * 5000
-    # A code that is counted when it names no lease: this one names one, so it is a row.
     await fence.store.record_rejection(
-        Rejection(code="invalid_request", method="POST", path=long_path, holder="a", epoch=1)
+        Rejection(
+            code="invalid_request",
+            method="POST",
+            path=long_path,
+            resource="supplier:widget",
+            holder="a",
+            epoch=lease["epoch"],
+        )
     )
+    await fence.store.flush_refusal_counts()
 
-    assert await fence.rows("SELECT count(*) FROM refusal_counts") == [(0,)]
-    [(path, holder)] = await fence.rows("SELECT path, holder FROM rejections")
+    [(path, holder)] = await fence.rows("SELECT path, holder FROM refusals")
     assert path == long_path[:STORED_PATH_CHARS] + TRUNCATED_MARK
     assert holder == "a"
 
@@ -176,7 +176,7 @@ async def test_counted_refusals_not_seen_since_the_horizon_are_collected(
     purged = await fence.store.apply_retention(Retention(30 * DAY, 7 * DAY, 1000))
 
     assert purged == Purged(effects=0, rejections=1)
-    assert await fence.rows("SELECT code FROM refusal_counts") == [("no_route",)]
+    assert await fence.rows("SELECT code FROM refusals") == [("no_route",)]
 
 
 async def test_the_cli_lists_counted_refusals_with_their_count(fence: Fence) -> None:
@@ -209,7 +209,7 @@ async def test_counted_refusals_cost_no_write_until_flushed_then_one_row_a_kind(
     async with running_store(store_url, clock) as store:
         for _ in range(1000):
             await store.record_rejection(widget)
-        assert await backends.rows(store_url, "SELECT count(*) FROM refusal_counts") == [(0,)]
+        assert await backends.rows(store_url, "SELECT count(*) FROM refusals") == [(0,)]
 
         assert await store.flush_refusal_counts() == 1
         assert await store.flush_refusal_counts() == 0
@@ -218,7 +218,7 @@ async def test_counted_refusals_cost_no_write_until_flushed_then_one_row_a_kind(
         await store.record_rejection(junk)
     # Closing wrote the last two.
     rows = await backends.rows(
-        store_url, "SELECT code, method, path, count, first_seen, last_seen FROM refusal_counts"
+        store_url, "SELECT code, method, path, count, first_seen, last_seen FROM refusals"
     )
     widget_row, junk_row = sorted(rows)
     assert widget_row[:4] == ("missing_token", "POST", "/orders/widget", 1001)
@@ -244,8 +244,9 @@ async def test_counts_a_failed_flush_took_are_written_by_the_next(
         store.connector.write = real_write  # type: ignore[method-assign]
         await store.record_rejection(Rejection("no_route", "DELETE", "/junk"))
 
-        assert await store.flush_refusal_counts() == 1
-        assert await backends.rows(store_url, "SELECT count FROM refusal_counts") == [(2,)]
+        # The failed flush's batch, then the one counted since: two writes of one kind.
+        assert await store.flush_refusal_counts() == 2
+        assert await backends.rows(store_url, "SELECT count FROM refusals") == [(2,)]
 
 
 async def test_a_count_written_late_with_an_older_clock_keeps_first_before_last(
@@ -268,18 +269,16 @@ async def test_a_count_written_late_with_an_older_clock_keeps_first_before_last(
         await earlier.flush_refusal_counts()
 
     [(first_seen, last_seen, count)] = await backends.rows(
-        url, "SELECT first_seen, last_seen, count FROM refusal_counts"
+        url, "SELECT first_seen, last_seen, count FROM refusals"
     )
     assert (first_seen, last_seen, count) == (early.now, late.now, 2)
 
 
-async def test_flushes_run_one_at_a_time_so_the_bound_holds_and_nothing_is_missed(
+async def test_flushes_run_one_at_a_time_so_nothing_is_missed(
     store_url: str, clock: FakeClock
 ) -> None:
-    """A flush that began while another had taken its counts but not committed them
-    would find none of that one's rows: it would add a hundred kinds more than the
-    bound (on PostgreSQL, whose transactions overlap), and whoever listed after it
-    would miss the first one's counts."""
+    """A flush that returned while another had taken its counts but not committed them
+    would let whoever listed after it miss the first one's counts."""
 
     def junk(first: int) -> list[Rejection]:
         return [Rejection("no_route", "DELETE", f"/junk/{i}") for i in range(first, first + 100)]
@@ -293,8 +292,6 @@ async def test_flushes_run_one_at_a_time_so_the_bound_holds_and_nothing_is_misse
             await store.record_rejection(rejection)
         await store.flush_refusal_counts()
         # Counted as soon as the second flush returns, and within the bound.
-        rows = await backends.rows(store_url, "SELECT path, count FROM refusal_counts")
-        assert len(rows) == MAX_COUNTED_PER_CODE + 1
-        assert sum(count for _, count in rows) == 200
-        assert dict(rows)[OTHER_PATH] == 100
+        rows = await backends.rows(store_url, "SELECT code, count FROM refusals")
+        assert rows == [("no_route", 200)]
         await first

@@ -75,6 +75,7 @@ async def settled(
 
 async def refused(store: Store, resource: str) -> None:
     await store.record_rejection(Rejection("stale_epoch", "POST", "/orders/x", resource=resource))
+    await store.flush_refusal_counts()
 
 
 async def effect_ids(store_url: str) -> set[str]:
@@ -94,7 +95,7 @@ async def key_owners(store_url: str) -> set[str]:
 
 
 async def rejected_resources(store_url: str) -> list[str]:
-    rows = await backends.rows(store_url, "SELECT resource FROM rejections ORDER BY id")
+    rows = await backends.rows(store_url, "SELECT resource FROM refusals ORDER BY last_seen")
     return [str(row[0]) for row in rows]
 
 
@@ -248,7 +249,7 @@ async def test_a_key_without_expiry_keeps_its_effect(
 async def test_zero_keeps_forever(store: Store, store_url: str, clock: FakeClock) -> None:
     long_ago = await store.now() - 100 * 365 * DAY
     await backends.seed_settled_effects(store_url, 30, finished_at=long_ago)
-    await backends.seed_rejections(store_url, 30, at=long_ago)
+    await backends.seed_refusals(store_url, 30, at=long_ago)
 
     assert await store.apply_retention(Retention(0, 0, 1000)) == Purged(0, 0)
     assert await store.apply_retention(Retention(0, 7 * DAY, 1000)) == Purged(0, 30)
@@ -266,14 +267,14 @@ async def test_a_pass_deletes_at_most_a_batch_and_the_collector_repeats_passes(
     await backends.seed_settled_effects(
         store_url, 25, finished_at=long_ago, every=1, key_expires_at=long_ago + 60
     )
-    await backends.seed_rejections(store_url, 25, at=long_ago)
+    await backends.seed_refusals(store_url, 25, at=long_ago)
     small = Retention(30 * DAY, 7 * DAY, batch=10)
 
     assert await store.apply_retention(small) == Purged(10, 10)
     assert await backends.count(store_url, "effects") == 15
     assert await backends.count(store_url, "effect_events") == 15
     assert await backends.count(store_url, "idempotency") == 15
-    assert await backends.count(store_url, "rejections") == 15
+    assert await backends.count(store_url, "refusals") == 15
 
     # The collector goes on while a pass deleted a full batch: 10, then 5 (not full).
     deleted: list[Purged] = []
@@ -283,7 +284,7 @@ async def test_a_pass_deletes_at_most_a_batch_and_the_collector_repeats_passes(
     assert await backends.count(store_url, "effects") == 0
     assert await backends.count(store_url, "effect_events") == 0
     assert await backends.count(store_url, "idempotency") == 0
-    assert await backends.count(store_url, "rejections") == 0
+    assert await backends.count(store_url, "refusals") == 0
 
 
 async def test_one_pass_over_a_hundred_thousand_old_effects_deletes_one_batch(
@@ -294,7 +295,7 @@ async def test_one_pass_over_a_hundred_thousand_old_effects_deletes_one_batch(
     await backends.seed_settled_effects(
         store_url, many, finished_at=long_ago, key_expires_at=long_ago + 60
     )
-    await backends.seed_rejections(store_url, many, at=long_ago)
+    await backends.seed_refusals(store_url, many, at=long_ago)
     events_before = await backends.count(store_url, "effect_events")
     assert events_before == many // 10
 
@@ -303,7 +304,7 @@ async def test_one_pass_over_a_hundred_thousand_old_effects_deletes_one_batch(
     # One transaction, one batch of each, whatever the backlog: the oldest thousand.
     assert purged == Purged(KEEP.batch, KEEP.batch)
     assert await backends.count(store_url, "effects") == many - KEEP.batch
-    assert await backends.count(store_url, "rejections") == many - KEEP.batch
+    assert await backends.count(store_url, "refusals") == many - KEEP.batch
     assert await backends.count(store_url, "effect_events") == events_before - KEEP.batch // 10
     assert await backends.count(store_url, "idempotency") == (many - KEEP.batch) // 10
 
@@ -320,7 +321,7 @@ async def test_two_replicas_collecting_at_once_delete_each_record_once(
         await backends.seed_settled_effects(
             store_url, many, finished_at=long_ago, key_expires_at=long_ago + 60
         )
-        await backends.seed_rejections(store_url, many, at=long_ago)
+        await backends.seed_refusals(store_url, many, at=long_ago)
         small = Retention(30 * DAY, 7 * DAY, batch=100)
 
         every_pass: list[Purged] = []
@@ -338,7 +339,7 @@ async def test_two_replicas_collecting_at_once_delete_each_record_once(
     assert all(p.effects <= 100 and p.rejections <= 100 for p in every_pass)
     assert sum(p.effects for p in every_pass) == many
     assert sum(p.rejections for p in every_pass) == many
-    for table in ("effects", "effect_events", "idempotency", "rejections"):
+    for table in ("effects", "effect_events", "idempotency", "refusals"):
         assert await backends.count(store_url, table) == 0, table
 
 

@@ -481,12 +481,11 @@ class Stack:
             headers=self.admin_headers(),
         )
 
-    def rejections_raw(self, resource: str) -> HttpResult:
+    def rejections_raw(self, resource: str | None) -> HttpResult:
+        """The refusals on record of `resource`; None: all of them."""
+        query = "" if resource is None else f"?resource={resource}"
         result = http_call(
-            self.proxy_url,
-            "GET",
-            f"/_fence/v1/rejections?resource={resource}",
-            headers=self.admin_headers(),
+            self.proxy_url, "GET", f"/_fence/v1/rejections{query}", headers=self.admin_headers()
         )
         assert result.status == 200, result
         return result
@@ -675,7 +674,7 @@ def assert_refused(result: HttpResult, status: int, code: str) -> dict[str, Any]
 
 def assert_rejection_recorded(
     stack: Stack,
-    resource: str,
+    resource: str | None,
     code: str,
     *,
     count: int = 1,
@@ -684,11 +683,13 @@ def assert_rejection_recorded(
     epoch: int | None = None,
 ) -> list[dict[str, Any]]:
     """The admin rejection log holds `count` refusals with `code`, and no secret or body.
-    A refusal naming no lease is counted (one entry per path with its `count`, issue 8
-    item 1), one naming a lease is an entry of its own (`count` 1): the sum is what
-    was refused either way."""
+    Each kind of refusal is one entry with its `count` (store/refusals.py): the sum is
+    what was refused. `resource` None: the refusals that name no resource (a resource
+    never leased is not named on the record)."""
     raw = stack.rejections_raw(resource)
-    records: list[dict[str, Any]] = [r for r in raw.body["rejections"] if r["code"] == code]
+    records: list[dict[str, Any]] = [
+        r for r in raw.body["rejections"] if r["code"] == code and r["resource"] == resource
+    ]
     assert sum(r["count"] for r in records) == count, raw.body
     text = json.dumps(raw.body)
     for secret in (*secrets_, stack.admin_token):
