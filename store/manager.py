@@ -936,10 +936,11 @@ class Store:
         """One bounded pass of retention, in one transaction: at most `batch` settled
         effects that settled more than `effects_s` ago (with their history and expired
         idempotency records; never one in doubt or conflicting, never one a retained key
-        points to), at most `batch` rejections older than `rejections_s`, at most `batch`
-        leases that expired more than `leases_s` ago, and, of at most `batch` resource
-        rows, those nothing refers to any more (`_collect_resources`). 0 keeps
-        forever. One replica at a time; the others' passes delete nothing."""
+        points to, nor one whose key an open effect under it still needs), at most
+        `batch` rejections older than `rejections_s`, at most `batch` leases that
+        expired more than `leases_s` ago, and, of at most `batch` resource rows, those
+        nothing refers to any more (`_collect_resources`). 0 keeps forever. One replica
+        at a time; the others' passes delete nothing."""
 
         async def operation(tx: Tx) -> Purged:
             lock = await tx.one("retention_lock")

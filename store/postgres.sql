@@ -261,7 +261,8 @@ SELECT pg_try_advisory_xact_lock(7431002) AS acquired
 
 -- expired_effects --
 -- Settled effects that settled before the horizon and that no idempotency record still
--- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- retains (no expiry yet, one in the future, or a key an open effect under it still
+-- needs: a resend of the operation in doubt). Read from effects_settled, the range
 -- created before the horizon (which holds every effect settled before it): a pass never
 -- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
 -- matter, and without it no plan has to sort every candidate before the LIMIT.
@@ -271,7 +272,10 @@ SELECT id FROM effects
 WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT')
   AND created_at < :horizon AND finished_at < :horizon
   AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
-                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+                  AND (i.expires_at IS NULL OR i.expires_at > :now
+                       OR EXISTS (SELECT 1 FROM effects o
+                                  WHERE o.resource = i.resource AND o.idempotency_key = i.key
+                                    AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))))
 LIMIT :limit
 FOR UPDATE OF effects SKIP LOCKED
 

@@ -247,7 +247,8 @@ SELECT 1 AS acquired
 
 -- expired_effects --
 -- Settled effects that settled before the horizon and that no idempotency record still
--- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- retains (no expiry yet, one in the future, or a key an open effect under it still
+-- needs: a resend of the operation in doubt). Read from effects_settled, the range
 -- created before the horizon (which holds every effect settled before it): a pass never
 -- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
 -- matter, and without it no plan has to sort every candidate before the LIMIT.
@@ -255,7 +256,11 @@ SELECT id FROM effects
 WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT')
   AND created_at < :horizon AND finished_at < :horizon
   AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
-                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+                  AND (i.expires_at IS NULL OR i.expires_at > :now
+                       OR EXISTS (SELECT 1 FROM effects o
+                                  WHERE o.resource = i.resource AND o.idempotency_key = i.key
+                                    AND (o.state = 'DISPATCHING' OR o.state = 'UNKNOWN'
+                                         OR o.state = 'CONFLICTING'))))
 LIMIT :limit
 
 -- delete_events_of_effects --

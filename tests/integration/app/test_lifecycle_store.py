@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
-from policies import parse_policy
+from policies import Retention, parse_policy
 from proxy.forwarding import new_client_session
 from reconcile.prober import probe_effect
 from store import Admitted, NewEffect, Receipt, Store
@@ -383,6 +383,30 @@ async def test_an_expired_key_stays_while_a_resend_of_its_operation_is_open(
     assert await store.collect_garbage() == 0
     assert await key_owner(store_url) == [(first,)]
     await store.record_probe(resend, Event.PROBE_COMMITTED, 200, "found", None)
+    assert await key_owner(store_url) == [(resend,)]
+
+
+async def test_retention_keeps_a_committed_send_whose_key_an_open_resend_needs(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    """Nor does retention: the committed first send, long settled and its key expired,
+    stays (with its key) while a resend of the operation is in doubt."""
+    token = await holder(store)
+    dedup = order(upstream_idempotent=True, retain_s=5)
+    first = await admitted(store, token, dedup)
+    await lost(store, first)
+    resend = await admitted(store, token, dedup)
+    await lost(store, resend)
+    clock.advance(1)
+    await store.record_probe(first, Event.PROBE_COMMITTED, 200, "found", None)
+    clock.advance(100)
+
+    purged = await store.apply_retention(Retention(10, 10, 100, leases_s=0))
+
+    assert purged.effects == 0
+    assert await key_owner(store_url) == [(first,)]
+    await store.record_probe(resend, Event.PROBE_COMMITTED, 200, "found", None)
+    assert (await store.apply_retention(Retention(10, 10, 100, leases_s=0))).effects == 1
     assert await key_owner(store_url) == [(resend,)]
 
 
