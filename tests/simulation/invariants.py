@@ -430,11 +430,13 @@ class Checker:
             if info.state not in tables.FREED_STATES:
                 continue
             others = [self.effects[s] for s in key.effects if s != info.seq]
-            if key.route.upstream_idempotent and any(
-                o.state == tables.COMMITTED or tables.in_doubt(o.state) for o in others
-            ):
+            if any(tables.in_doubt(o.state) for o in others):
+                # It ended NOT_*, and the key went with it, while another effect under
+                # the key is still open (issue 22: a resend on its way).
+                return KEY_FREED_UNDER_OPEN
+            if key.route.upstream_idempotent and any(o.state == tables.COMMITTED for o in others):
                 # One effect of the operation ended NOT_*, and the key went with it, while
-                # another effect of the same operation is committed or may be.
+                # another effect of the same operation is committed.
                 return BUG_D
             return info.freed_cause or self._why_freed(info, step, before)
         return f"removed-by-{step.kind}"
