@@ -22,6 +22,7 @@ Two rules shape the table:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, StrEnum, auto
 
@@ -66,7 +67,8 @@ class Key(Enum):
 
     KEEP = auto()
     # Nothing took effect: the holder may send the operation again. Only the key's own
-    # record is removed; a key another effect holds now is left alone.
+    # record is let go, and only to the key's next owner if it has one (`key_heir`); a
+    # key another effect holds now is left alone.
     FREE = auto()
     # It took effect: the key replays from now on (the response, if one was seen) and is
     # never sent again; its retention starts now.
@@ -224,3 +226,15 @@ BLOCKING = frozenset({DISPATCHING, UNKNOWN, CONFLICTING})
 RESOLVABLE = frozenset(
     state for state in EffectState if transition(state, Event.OPERATOR_COMMITTED) is not None
 )
+
+
+def key_heir(freed: str, open_under_key: Iterable[str]) -> str | None:
+    """Who holds an operation's key once the effect `freed` lets it go (Key.FREE), of the
+    effects under the same (resource, key) that are open (BLOCKING), in admission order.
+
+    The key belongs to whichever effect under it is still open: a resend on its way
+    when a probe settles the first send NOT_COMMITTED, an earlier send in dispute. That
+    effect may yet commit, so its key must keep refusing and, once it commits,
+    replaying; the earliest admitted takes it (a resend leaves the key with the send it
+    resends). None: no effect under the key is open, and the key is free."""
+    return next((effect for effect in open_under_key if effect != freed), None)

@@ -563,8 +563,9 @@ class Store:
         response: StoredResponse | None,
     ) -> Receipt | None:
         """The receipt as _apply would record it on the effect as admitted, as one
-        statement (the `receipt` block); None if the backend has no such block or the
-        effect had moved on (a sweep, an operator): then nothing was written."""
+        statement (the `receipt` block); None if the backend has no such block, the
+        effect had moved on (a sweep, an operator), or the receipt frees a key another
+        effect under it still needs (`lifecycle.key_heir`): then nothing was written."""
         step = lifecycle.transition(admitted.state, event)
         # A settled step is the only kind a receipt takes on an effect as admitted
         # (DISPATCHING); anything else, the long way, which knows every kind.
@@ -852,10 +853,11 @@ class Store:
         """One bounded pass of retention, in one transaction: at most `batch` settled
         effects that settled more than `effects_s` ago (with their history and expired
         idempotency records; never one in doubt or conflicting, never one a retained key
-        points to), at most `batch` rejections older than `rejections_s`, at most `batch`
-        leases that expired more than `leases_s` ago, and, of at most `batch` resource
-        rows, those nothing refers to any more (`_collect_resources`). 0 keeps
-        forever. One replica at a time; the others' passes delete nothing."""
+        points to, nor one whose key an open effect under it still needs), at most
+        `batch` rejections older than `rejections_s`, at most `batch` leases that
+        expired more than `leases_s` ago, and, of at most `batch` resource rows, those
+        nothing refers to any more (`_collect_resources`). 0 keeps forever. One replica
+        at a time; the others' passes delete nothing."""
 
         async def operation(tx: Tx) -> Purged:
             lock = await tx.one("retention_lock")
@@ -1378,7 +1380,23 @@ async def _apply_key(
     if effect.idempotency_key is None or step.key is Key.KEEP:
         return
     if step.key is Key.FREE:
-        await tx.execute("free_idempotency_key", effect_id=effect.id)
+        under_key = {
+            str(r["id"]): r
+            for r in await tx.all(
+                "open_effects_under_key", resource=effect.resource, key=effect.idempotency_key
+            )
+        }
+        heir = lifecycle.key_heir(effect.id, under_key)
+        if heir is None:
+            await tx.execute("free_idempotency_key", effect_id=effect.id)
+        else:
+            await tx.execute(
+                "pass_idempotency_key",
+                effect_id=effect.id,
+                heir=heir,
+                fingerprint=under_key[heir]["fingerprint"],
+                epoch=under_key[heir]["epoch"],
+            )
         return
     where = {
         "resource": effect.resource,

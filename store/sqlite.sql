@@ -108,7 +108,26 @@ ON CONFLICT (resource, key) DO UPDATE SET
 
 -- free_idempotency_key --
 -- Only the effect's own record: a key another effect holds now is that effect's.
+-- Only when no other effect under the key is open (else pass_idempotency_key).
 DELETE FROM idempotency WHERE effect_id = :effect_id
+
+-- open_effects_under_key --
+-- The effects under one operation's key that are open (core/lifecycle.py BLOCKING),
+-- in admission order: who may inherit the key (lifecycle.key_heir).
+SELECT id, fingerprint, epoch FROM effects
+WHERE resource = :resource AND idempotency_key = :key
+  AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
+ORDER BY created_at, id
+
+-- pass_idempotency_key --
+-- The effect let its key go while another effect under it is still open (a resend on
+-- its way, an earlier send in dispute): the record passes to that one, unsettled
+-- (no expiry, nothing to replay), instead of being deleted. Only the effect's own
+-- record, as free_idempotency_key.
+UPDATE idempotency SET effect_id = :heir, fingerprint = :fingerprint, epoch = :epoch,
+    expires_at = NULL, response_status = NULL, response_headers = NULL,
+    response_body = NULL, settled_by = NULL
+WHERE effect_id = :effect_id
 
 -- hold_idempotency_key --
 -- Contradicting evidence: a freed key is taken back (no expiry) until an operator
@@ -233,10 +252,17 @@ ORDER BY last_seen DESC LIMIT :limit
 SELECT 1 AS acquired
 
 -- expired_idempotency_records --
+-- Not while another effect under the key is open (a resend of the committed
+-- operation still in doubt, a send in dispute): the key is that effect's to keep, and
+-- goes when it settles.
 DELETE FROM idempotency
 WHERE expires_at IS NOT NULL AND expires_at <= :now
   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = idempotency.effect_id
                   AND e.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING'))
+  AND NOT EXISTS (SELECT 1 FROM effects o WHERE o.resource = idempotency.resource
+                  AND o.idempotency_key = idempotency.key
+                  AND (o.state = 'DISPATCHING' OR o.state = 'UNKNOWN'
+                       OR o.state = 'CONFLICTING'))
 
 -- retention_lock --
 -- BEGIN IMMEDIATE already makes this the only writer.
@@ -244,7 +270,8 @@ SELECT 1 AS acquired
 
 -- expired_effects --
 -- Settled effects that settled before the horizon and that no idempotency record still
--- retains (no expiry yet, or one in the future). Read from effects_settled, the range
+-- retains (no expiry yet, one in the future, or a key an open effect under it still
+-- needs: a resend of the operation in doubt). Read from effects_settled, the range
 -- created before the horizon (which holds every effect settled before it): a pass never
 -- looks at effects in doubt or recent. No ORDER BY: which old ones go first does not
 -- matter, and without it no plan has to sort every candidate before the LIMIT.
@@ -252,7 +279,11 @@ SELECT id FROM effects
 WHERE (state = 'COMMITTED' OR state = 'NOT_COMMITTED' OR state = 'NOT_SENT')
   AND created_at < :horizon AND finished_at < :horizon
   AND NOT EXISTS (SELECT 1 FROM idempotency i WHERE i.effect_id = effects.id
-                  AND (i.expires_at IS NULL OR i.expires_at > :now))
+                  AND (i.expires_at IS NULL OR i.expires_at > :now
+                       OR EXISTS (SELECT 1 FROM effects o
+                                  WHERE o.resource = i.resource AND o.idempotency_key = i.key
+                                    AND (o.state = 'DISPATCHING' OR o.state = 'UNKNOWN'
+                                         OR o.state = 'CONFLICTING'))))
 LIMIT :limit
 
 -- delete_events_of_effects --

@@ -27,6 +27,11 @@ I5  a resource is blocked while any of its effects is DISPATCHING (takeover),
 I6  a contradiction is never silently dropped: evidence (a receipt, a probe
     answer) that contradicts how the effect was settled changes the effect's record
     or is recorded as an event.                                           [all runs]
+I7  the key belongs to whichever effect under it is still open: while an effect
+    under a key is DISPATCHING, UNKNOWN or CONFLICTING, the key's record exists and
+    names an effect under that key that is open or COMMITTED, never none (a probe
+    settling the first send NOT_COMMITTED while its resend is on its way must not
+    take the resend's key with it).                                      [all runs]
 
 Each violation carries a cause, read off the records (what the step did, how the
 key was last freed). Causes of the known bugs of today's code are listed in
@@ -58,6 +63,11 @@ BUG_C = "retention-from-admission"
 BUG_D = "resend-frees-committed-key"
 BUG_E = "single-attempt-spent-in-settle-window"
 CONTRADICTION_DROPPED = "contradiction-dropped"
+# Issue 22, item 6: an open effect left without its key's record, by an effect under
+# the same key settling NOT_* (a probe's "not found" while a resend is on its way), or
+# by garbage collection of a committed send's expired record.
+KEY_FREED_UNDER_OPEN = "key-freed-under-an-open-effect"
+KEY_COLLECTED_UNDER_OPEN = "key-collected-under-an-open-effect"
 
 BUG_LETTERS = {BUG_A: "a", BUG_B: "b", BUG_C: "c", BUG_D: "d", BUG_E: "e"}
 
@@ -307,6 +317,7 @@ class Checker:
             found += await self._check_admission(step.admission)
         found += self._check_gave_up(step)
         found += self._check_keys(step, now)
+        found += self._check_key_holders(step)
         found += self._check_applied(step)
         if self.truthful:
             found += self._check_acks(step)
@@ -419,11 +430,13 @@ class Checker:
             if info.state not in tables.FREED_STATES:
                 continue
             others = [self.effects[s] for s in key.effects if s != info.seq]
-            if key.route.upstream_idempotent and any(
-                o.state == tables.COMMITTED or tables.in_doubt(o.state) for o in others
-            ):
+            if any(tables.in_doubt(o.state) for o in others):
+                # It ended NOT_*, and the key went with it, while another effect under
+                # the key is still open (issue 22: a resend on its way).
+                return KEY_FREED_UNDER_OPEN
+            if key.route.upstream_idempotent and any(o.state == tables.COMMITTED for o in others):
                 # One effect of the operation ended NOT_*, and the key went with it, while
-                # another effect of the same operation is committed or may be.
+                # another effect of the same operation is committed.
                 return BUG_D
             return info.freed_cause or self._why_freed(info, step, before)
         return f"removed-by-{step.kind}"
@@ -578,6 +591,38 @@ class Checker:
                             subjects,
                         )
                     )
+        return found
+
+    def _check_key_holders(self, step: StepInfo) -> list[Violation]:
+        """I7: a key with an effect under it still open is held, by one of its effects
+        that is open or COMMITTED (a freed effect's record is deleted, never kept)."""
+        found = []
+        cause = KEY_COLLECTED_UNDER_OPEN if step.kind.endswith("gc") else KEY_FREED_UNDER_OPEN
+        open_keys = sorted(
+            {
+                (info.resource, info.key)
+                for info in (self.by_id[i] for i in self.doubtful)
+                if info.key is not None
+            }
+        )
+        for k in open_keys:
+            key = self.keys[k]
+            if key.name in self.tainted:
+                continue
+            row = self.key_rows.get(k)
+            under = {self.effects[s].id for s in key.effects}
+            if row and row.effect_id in under and row.effect_state not in tables.FREED_STATES:
+                continue
+            holder = "no record" if row is None else f"the record of {self._name(row.effect_id)}"
+            found.append(
+                Violation(
+                    "I7",
+                    cause,
+                    f"key {key.name} has {holder} while an effect under it is open"
+                    f" (effects: {self._states(key)}; last removed by: {key.removal_cause})",
+                    (key.name,),
+                )
+            )
         return found
 
     def _unkept_cause(self, key: KeyInfo, now: float) -> str:

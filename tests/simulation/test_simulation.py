@@ -2,8 +2,9 @@
 after every step (tests/simulation/invariants.py).
 
 The simulation was written against the code before core/lifecycle.py and found the
-five defects of issue 7 there, plus contradictions dropped without a trace; each
-has the seed that found it below, and must now run clean. The runs here tolerate no
+five defects of issue 7 there, plus contradictions dropped without a trace; later, a
+key taken from an open resend (issue 22, item 6). Each has the seed that found it
+below, and must now run clean. The runs here tolerate no
 violation at all (invariants.EXPECTED_TO_FAIL_BEFORE_FIX is empty).
 
 A failure prints the seed, the step, a one-line replay command and the trace.
@@ -22,6 +23,8 @@ from tests.simulation.invariants import (
     BUG_E,
     CONTRADICTION_DROPPED,
     EXPECTED_TO_FAIL_BEFORE_FIX,
+    KEY_COLLECTED_UNDER_OPEN,
+    KEY_FREED_UNDER_OPEN,
     Evidence,
 )
 from tests.simulation.runner import RunConfig, RunResult, run
@@ -99,6 +102,13 @@ KNOWN_BUGS: dict[str, tuple[int, int, Evidence]] = {
     BUG_E: (37, 248, TRUTHFUL),
     # a probe that contradicts the operator's (wrong) NOT_COMMITTED leaves no trace.
     CONTRADICTION_DROPPED: (3, 44, HOSTILE),
+    # Issue 22, item 6 (found by invariant I7 and the resend race, world.RESEND_RACE):
+    # E29 is admitted resending E25, a probe of E25 answers 404 before E29 lands, and
+    # settling E25 NOT_COMMITTED deleted the key's record while E29 was on its way.
+    KEY_FREED_UNDER_OPEN: (24, 203, TRUTHFUL),
+    # ... and garbage collection deleted a committed send's expired record while a
+    # resend of the same operation was still in doubt.
+    KEY_COLLECTED_UNDER_OPEN: (17, 199, TRUTHFUL),
 }
 
 

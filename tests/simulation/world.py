@@ -49,6 +49,7 @@ CLAIM_S = 10.5
 PROBE_BATCH = 64
 MAX_STEPS_WITHOUT_ADVANCE = 12
 TTLS = (17.5, 31.5, 52.5, 73.5)
+RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission and landing
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long
 HOLDERS = ("w0", "w1", "w2", "w3")
 REPLICAS = ("proxy-a", "proxy-b")
@@ -586,6 +587,10 @@ class World:
             resent = f" resending {names}"
         slow = f"; its proxy pauses until t={d.record_not_before}" if d.record_not_before else ""
         self.note(f"{label}: E{seq} admitted{resent}; upstream {fate.value}, {mode.value}{slow}")
+        if result.resends and self.rng.random() < RESEND_RACE:
+            # The prober asks about the sends this one resends before it lands: a "not
+            # found" settles them while the resend is on its way (issue 22, item 6).
+            await self.do_probe(immediate=True)
         if fate is not Fate.REFUSED and self.rng.random() < 0.6:
             self.land(d)
             if self.rng.random() < 0.5 and self.receivable(d):

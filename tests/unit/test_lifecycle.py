@@ -19,6 +19,7 @@ from core.lifecycle import (
     Event,
     Key,
     Record,
+    key_heir,
     transition,
 )
 from core.records import EffectState
@@ -133,6 +134,14 @@ def test_nothing_was_sent_is_said_only_for_not_sent() -> None:
 def test_the_history_words_are_the_ones_the_admin_api_shows() -> None:
     # Stored as each event's `conclusion`: operators and their scripts read them.
     assert [record.value for record in Record] == ["settled", "late", "conflict", "nothing"]
+
+
+def test_a_freed_key_passes_to_the_earliest_other_open_effect_under_it() -> None:
+    # The first send settles NOT_COMMITTED while its resends are open (issue 22, item 6).
+    assert key_heir("eff_1", ["eff_1", "eff_2", "eff_3"]) == "eff_2"
+    assert key_heir("eff_2", ["eff_1", "eff_2"]) == "eff_1"
+    assert key_heir("eff_1", ["eff_1"]) is None
+    assert key_heir("eff_1", []) is None
 
 
 def test_resolvable_states() -> None:

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
-from policies import parse_policy
+from policies import Retention, parse_policy
 from proxy.forwarding import new_client_session
 from reconcile.prober import probe_effect
 from store import Admitted, NewEffect, Receipt, Store
@@ -307,6 +307,107 @@ async def test_a_resends_not_sent_does_not_free_the_key_of_a_committed_operation
     assert await key_owner(store_url) == [(first,)]
     again = await store.admit(token, dedup)
     assert isinstance(again, Replay), again
+
+
+async def test_a_probe_that_settles_the_first_send_leaves_the_key_with_its_resend(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    """The key belongs to whichever effect under it is still open: a probe's "not
+    found" settles the first send NOT_COMMITTED while its resend is still on its way,
+    and the key passes to the resend instead of being freed (issue 22, item 6)."""
+    token = await holder(store)
+    dedup = order(upstream_idempotent=True)
+    first = await admitted(store, token, dedup)
+    await lost(store, first)
+    resend = await admitted(store, token, dedup)
+    clock.advance(1)
+
+    await store.record_probe(first, Event.PROBE_NOT_COMMITTED, 404, "not found", None)
+
+    assert await state_of(store, first) is EffectState.NOT_COMMITTED
+    assert await key_owner(store_url) == [(resend,)]
+    again = await store.admit(token, dedup)
+    assert isinstance(again, Refusal) and again.code == "request_in_progress", again
+    assert again.context["effect_id"] == resend
+    # The resend's answer is lost too: the key stays with it, in doubt, and the
+    # holder's next send is one more resend of it, never a new operation.
+    await lost(store, resend)
+    assert await key_owner(store_url) == [(resend,)]
+    clock.advance(1)
+    await store.record_probe(resend, Event.PROBE_COMMITTED, 200, "found", None)
+    replay = await store.admit(token, dedup)
+    assert isinstance(replay, Replay), replay
+    assert replay.record.effect_id == resend
+
+
+async def test_a_receipt_that_frees_the_key_passes_it_to_an_earlier_send_in_dispute(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    """The same rule for a receipt (as admitted: on PostgreSQL the one-statement receipt
+    declines, and the long way passes the key): the second send's 409 frees the key
+    while the first send, contradicted, waits for an operator."""
+    token = await holder(store)
+    first = await admitted(store, token)
+    await lost(store, first)
+    clock.advance(10)
+    await store.record_probe(first, Event.PROBE_NOT_COMMITTED, 404, "not found", None)
+    second = await admitted(store, token)
+    late = await store.finish_effect(first, Event.ANSWERED_COMMITTED, 201, "upstream 201", None)
+    assert late.effect.state is EffectState.CONFLICTING and late.key_holder == second
+
+    await store.finish_effect(second, Event.ANSWERED_NOT_COMMITTED, 409, "upstream 409", None)
+
+    assert await state_of(store, second) is EffectState.NOT_COMMITTED
+    assert await key_owner(store_url) == [(first,)]
+    resolved = await store.resolve(first, EffectState.COMMITTED, "order 9 exists", "alice")
+    assert not isinstance(resolved, Refusal)
+    replay = await store.admit(token, order())
+    assert isinstance(replay, Replay) and replay.record.effect_id == first, replay
+
+
+async def test_an_expired_key_stays_while_a_resend_of_its_operation_is_open(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    """Garbage collection does not take a key from an open effect either: the first
+    send committed (its key replays for retain_s), its resend is still in doubt."""
+    token = await holder(store)
+    dedup = order(upstream_idempotent=True, retain_s=5)
+    first = await admitted(store, token, dedup)
+    await lost(store, first)
+    resend = await admitted(store, token, dedup)
+    await lost(store, resend)
+    clock.advance(1)
+    await store.record_probe(first, Event.PROBE_COMMITTED, 200, "found", None)
+    clock.advance(10)  # past the first's retain_s; the resend is still UNKNOWN
+
+    assert await store.collect_garbage() == 0
+    assert await key_owner(store_url) == [(first,)]
+    await store.record_probe(resend, Event.PROBE_COMMITTED, 200, "found", None)
+    assert await key_owner(store_url) == [(resend,)]
+
+
+async def test_retention_keeps_a_committed_send_whose_key_an_open_resend_needs(
+    store: Store, store_url: str, clock: FakeClock
+) -> None:
+    """Nor does retention: the committed first send, long settled and its key expired,
+    stays (with its key) while a resend of the operation is in doubt."""
+    token = await holder(store)
+    dedup = order(upstream_idempotent=True, retain_s=5)
+    first = await admitted(store, token, dedup)
+    await lost(store, first)
+    resend = await admitted(store, token, dedup)
+    await lost(store, resend)
+    clock.advance(1)
+    await store.record_probe(first, Event.PROBE_COMMITTED, 200, "found", None)
+    clock.advance(100)
+
+    purged = await store.apply_retention(Retention(10, 10, 100, leases_s=0))
+
+    assert purged.effects == 0
+    assert await key_owner(store_url) == [(first,)]
+    await store.record_probe(resend, Event.PROBE_COMMITTED, 200, "found", None)
+    assert (await store.apply_retention(Retention(10, 10, 100, leases_s=0))).effects == 1
+    assert await key_owner(store_url) == [(resend,)]
 
 
 # --- PostgreSQL: one consistent view under the resource's lock ----------------------------
