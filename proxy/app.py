@@ -9,7 +9,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -31,7 +32,7 @@ from proxy.requests import (
     read_body,
 )
 from proxy.retention import RetentionCollector
-from proxy.runtime import RUNTIME, Runtime, runtime_of
+from proxy.runtime import RUNTIME, UPSTREAMS, Runtime, Upstreams, runtime_of
 from reconcile.prober import Reconciler
 from store import Store, StoreUnavailable, open_store
 
@@ -182,12 +183,24 @@ async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
     await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def _running(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """`work` as a task while the block runs (an app's life, in a cleanup context), then
+    cancelled and awaited, so nothing of it outlives the app."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
     session = forwarding.new_client_session()
-    runtime.session = session
     pools = forwarding.UpstreamPools(runtime.policy.upstreams.values())
-    runtime.pools = pools
+    app[UPSTREAMS] = Upstreams(session, pools)
     yield
     # The grace period is over: requests still upstream are cut off here, and their
     # receipts must say so rather than blame the upstream.
@@ -211,11 +224,8 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
                 log.exception("idempotency garbage collection failed")
             await asyncio.sleep(GC_INTERVAL_S)
 
-    task = asyncio.create_task(collect_forever(), name="idempotency-gc")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with _running(collect_forever(), "idempotency-gc"):
+        yield
 
 
 async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -233,11 +243,8 @@ async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
                 app[RUNTIME].metrics.count_background_failure("refusal-counts")
                 log.exception("writing the counted refusals failed")
 
-    task = asyncio.create_task(flush_forever(), name="refusal-counts")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with _running(flush_forever(), "refusal-counts"):
+        yield
 
 
 async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -252,19 +259,15 @@ async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     runtime.retention = collector
-    task = asyncio.create_task(collector.run(), name="retention")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with _running(collector.run(), "retention"):
+        yield
 
 
 async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
-    assert runtime.session is not None
     reconciler = Reconciler(
         runtime.store,
-        runtime.session,
+        app[UPSTREAMS].session,
         runtime.policy,
         DEADLINE_MARGIN_S,
         on_probe=runtime.metrics.count_probe,
@@ -273,11 +276,8 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         started=runtime.started,
     )
     runtime.reconciler = reconciler
-    task = asyncio.create_task(reconciler.run(), name="reconciler")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with _running(reconciler.run(), "reconciler"):
+        yield
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -418,18 +418,23 @@ async def _pass_through(
 ) -> web.StreamResponse:
     route = match.route
     body = forwarding.upstream_body(request, await read_body(request, route.max_body_bytes))
-    assert runtime.pools is not None
     response: web.StreamResponse | None = None
     try:
-        async with runtime.pools.pass_through(route.upstream).request(
-            request.method,
-            forwarding.upstream_url(route.upstream, request),
-            headers=forwarding.upstream_headers(request, None, request.config_dict[CREDENTIALS]),
-            data=body,
-            timeout=forwarding.client_timeout(route.upstream),
-            allow_redirects=False,
-            middlewares=forwarding.framing_middlewares(body),
-        ) as upstream:
+        async with (
+            request.config_dict[UPSTREAMS]
+            .pools.pass_through(route.upstream)
+            .request(
+                request.method,
+                forwarding.upstream_url(route.upstream, request),
+                headers=forwarding.upstream_headers(
+                    request, None, request.config_dict[CREDENTIALS]
+                ),
+                data=body,
+                timeout=forwarding.client_timeout(route.upstream),
+                allow_redirects=False,
+                middlewares=forwarding.framing_middlewares(body),
+            ) as upstream
+        ):
             response = web.StreamResponse(
                 status=upstream.status,
                 reason=upstream.reason,

@@ -25,7 +25,7 @@ from proxy.requests import (
     single_header,
     ttl,
 )
-from proxy.runtime import Runtime, runtime_of
+from proxy.runtime import UPSTREAMS, Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 
 PREFIX = "/_fence/v1"
@@ -280,9 +280,13 @@ async def probe_effect(request: web.Request) -> web.Response:
     actor = f"operator:{client.name}"
     if data.get("operator") is not None:
         actor += f"/{operations.required_text(data['operator'], 'operator')}"
-    assert runtime.session is not None
     result = await operations.probe(
-        runtime.store, runtime.session, runtime.policy, effect_id, actor, data.get("reason")
+        runtime.store,
+        request.config_dict[UPSTREAMS].session,
+        runtime.policy,
+        effect_id,
+        actor,
+        data.get("reason"),
     )
     runtime.metrics.count_probe(result.conclusion)
     return web.json_response(

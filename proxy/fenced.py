@@ -32,7 +32,7 @@ from proxy.requests import (
     refuse_unissued_token_before_inviting,
     single_header,
 )
-from proxy.runtime import Runtime
+from proxy.runtime import UPSTREAMS, Runtime
 from proxy.tokens import token_hash, well_formed
 from store import Admitted, NewEffect, Receipt
 
@@ -137,10 +137,9 @@ async def _dispatch_admitted(
         log.exception("could not build the upstream request for %s", effect.id)
         result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
     else:
-        assert runtime.pools is not None
         started = time.monotonic()
         result, answer = await forwarding.dispatch(
-            runtime.pools.fenced(route.upstream),
+            request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
             route.upstream,
             request.method,
             url,

@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 class Runtime:
     policy: Policy
     store: Store
-    # The reconciler's and the probes' own; routes forward through `pools`.
-    session: aiohttp.ClientSession | None = None
-    pools: UpstreamPools | None = None
     # Proxied requests being handled now, against `policy.limits.max_requests`.
     requests_in_flight: int = 0
     # How long a stop waits for them (`serve --grace`); said in the stop's log lines.
@@ -88,6 +85,19 @@ class Runtime:
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
+
+
+@dataclass(frozen=True)
+class Upstreams:
+    """The proxy's client side, made by the app's cleanup context (it needs the running
+    loop), so no handler ever sees it missing: routes forward through `pools`, the
+    reconciler and operators' probes through `session`."""
+
+    session: aiohttp.ClientSession
+    pools: UpstreamPools
+
+
+UPSTREAMS = web.AppKey("upstreams", Upstreams)
 
 
 def runtime_of(request: web.Request) -> Runtime:

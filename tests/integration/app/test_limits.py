@@ -21,7 +21,7 @@ import pytest
 from aiohttp import ClientResponse, web
 
 from demo.upstream import UNFINISHED
-from proxy.runtime import RUNTIME
+from proxy.runtime import UPSTREAMS
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import (
     Fence,
@@ -217,8 +217,7 @@ async def test_each_upstream_has_a_fenced_and_a_pass_through_pool_of_the_configu
     make_fence: FenceFactory,
 ) -> None:
     fence = await make_fence(pool="{fenced: 3, pass_through: 7}")
-    pools = fence.app[RUNTIME].pools
-    assert pools is not None
+    pools = fence.app[UPSTREAMS].pools
     upstream = fence.policy.upstreams["supplier"]
     fenced = pools.fenced(upstream).connector
     assert fenced is not None and fenced.limit == 3
