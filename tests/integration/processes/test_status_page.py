@@ -206,7 +206,10 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     # Its history, in the detail view.
     card.find_element(By.CSS_SELECTOR, "a.detail-link").click()
     page.until(lambda d: page.find("#effect-detail").is_displayed())
-    page.until(lambda d: "no probe attempts left" in page.text("#effect-detail table.events"))
+    # The reconciler's note, not "no probe attempts left": no probe was ever asked.
+    events = "#effect-detail table.events"
+    page.until(lambda d: "the route has no reconcile block" in page.text(events))
+    assert "no probe attempts left" not in page.text(events)
     page.shot("effect-history")
 
     # Probe now: confirmed naming the resource and the effect, the answer shown in place.
