@@ -38,6 +38,7 @@ from core.records import (
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
+from store.history import RecoveryWindow
 from store.rows import effect_record, idempotency_record, lease_record, response_meta
 from store.tally import CountKey, RefusalTally
 
@@ -1002,6 +1003,43 @@ class Store:
             return floor
 
         return await self.connector.write(operation)
+
+    @property
+    def recovery(self) -> RecoveryWindow | None:
+        """The recovery window after lost history (store/history.py), as last read: on
+        every new connection to the store, and by `refresh_recovery`."""
+        return self.connector.recovery
+
+    async def refresh_recovery(self) -> RecoveryWindow | None:
+        """Read the recovery window again: another replica's operator may have closed it."""
+
+        async def operation(tx: Tx) -> RecoveryWindow | None:
+            row = await tx.one("recovery_window")
+            assert row is not None
+            opened = row["recovery_opened_at"]
+            if opened is None:
+                return None
+            return RecoveryWindow(float(opened), str(row["recovery_reason"]))
+
+        self.connector.recovery = await self.connector.read(operation)
+        return self.connector.recovery
+
+    async def key_known(self, resource: str, key: str) -> bool:
+        async def operation(tx: Tx) -> bool:
+            return await tx.one("idempotency_key_known", resource=resource, key=key) is not None
+
+        return await self.connector.read(operation)
+
+    async def close_recovery(self) -> bool:
+        """Close the recovery window (an operator's decision: every key the store does
+        not know is new again); False if none was open."""
+
+        async def operation(tx: Tx) -> bool:
+            return await tx.execute("close_recovery_window") > 0
+
+        closed = await self.connector.write(operation)
+        self.connector.recovery = None
+        return closed
 
     async def now(self) -> float:
         """The authority's clock: lease expiry and settle windows are judged by it."""

@@ -17,6 +17,7 @@ above the store sees asyncpg.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -25,9 +26,12 @@ from typing import Any
 import asyncpg
 
 from policies.model import StorePool
-from store import sqlstate
+from store import history, sqlstate
 from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
+from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow
 from store.queries import load_migrations, load_queries
+
+log = logging.getLogger("fenceproxy")
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3
@@ -41,6 +45,21 @@ MIGRATION_TIMEOUT_S = 24 * 3600.0
 _NOW = (
     "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
     " FROM store_meta m, store_identity i"
+)
+# Where the database's history is (store/history.py), and the store's record of it: one
+# round trip, on every connection the pool opens (every reconnect) once migrated. A
+# standby answers no position: it takes no writes, and a write says so.
+_HISTORY = (
+    "SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
+    " ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile,"
+    " CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END AS lsn,"
+    " history_timeline, recovery_opened_at, recovery_reason FROM store_meta"
+)
+# Read under the row lock by the replica that recovers, so that two replicas that found
+# the same loss recover it once.
+_HISTORY_LOCKED = (
+    "SELECT history_timeline, recovery_opened_at,"
+    " extract(epoch FROM now())::float8 + clock_offset_s AS now FROM store_meta FOR UPDATE"
 )
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -230,6 +249,11 @@ async def _close_probe(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
+def _window(row: Any) -> RecoveryWindow | None:
+    opened = row["recovery_opened_at"]
+    return None if opened is None else RecoveryWindow(float(opened), str(row["recovery_reason"]))
+
+
 class PostgresConnector:
     def __init__(self, url: str, pool: StorePool | None = None) -> None:
         self.url = url
@@ -244,6 +268,12 @@ class PostgresConnector:
         # The store id seen at open; once a transaction finds another, for good.
         self.store_id: str | None = None
         self.lost: str | None = None
+        # The recovery window as last read from the store (store/history.py).
+        self.recovery: RecoveryWindow | None = None
+        # The newest WAL position this process saw: a later one behind it went back.
+        self._seen: Position | None = None
+        # Connections opened before the migrations cannot read the history columns.
+        self._migrated = False
 
     async def open(self) -> None:
         await check_server(self.url, self.pool)
@@ -262,6 +292,10 @@ class PostgresConnector:
                 reset=_keep_session,
             )
             await self.migrate()
+            self._migrated = True
+            async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
+                # The connections opened before the migrations are checked here.
+                await self._check_history(conn)
             self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
             self.lost = None
         except sqlstate.FAILURES as exc:
@@ -273,6 +307,78 @@ class PostgresConnector:
     async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
         assert isinstance(conn, CountingConnection)
         conn.round_trips = self.round_trips
+        if self._migrated:
+            # A new connection may reach another server than the last one did: a
+            # promoted standby behind the same address (issue 18 §1).
+            await self._check_history(conn)
+
+    async def _check_history(
+        self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+    ) -> None:
+        """Has the database lost what this store acknowledged? If so, recover at once
+        (raise every epoch, end every lease, open the recovery window) before this
+        connection serves anything; and note the recovery window either way."""
+        row = await conn.fetchrow(_HISTORY)
+        assert row is not None
+        self.recovery = _window(row)
+        if row["walfile"] is None:
+            return
+        current = history.parse_position(row["walfile"], row["lsn"])
+        recorded = row["history_timeline"]
+        lost = history.judge(recorded, current, self._seen)
+        if lost is not None and (recorded != current.timeline or self.recovery is None):
+            await self._recover(conn, current, lost)
+        elif recorded is None:
+            await conn.execute(
+                "UPDATE store_meta SET history_timeline = $1 WHERE history_timeline IS NULL",
+                current.timeline,
+            )
+        if self._seen is None or current.timeline != self._seen.timeline:
+            self._seen = current
+        else:
+            self._seen = Position(current.timeline, max(current.lsn, self._seen.lsn))
+
+    async def _recover(
+        self,
+        conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
+        current: Position,
+        lost: str,
+    ) -> None:
+        """As `store fence-restore`, in one transaction with the recovery window opened:
+        every epoch past anything the old primary could have issued, every lease ended."""
+        async with conn.transaction():
+            row = await conn.fetchrow(_HISTORY_LOCKED)
+            assert row is not None
+            again = history.judge(row["history_timeline"], current, self._seen)
+            if again is None or (
+                row["history_timeline"] == current.timeline and row["recovery_opened_at"]
+            ):
+                # Another replica recovered first.
+                return
+            tx = PostgresTx(conn, self._queries, float(row["now"]))
+            await tx.execute("lock_all_resources")
+            floors = await tx.one("epoch_floor_and_max")
+            assert floors is not None
+            floor = max(int(floors["epoch_floor"]), int(floors["max_epoch"]))
+            floor += FAILOVER_EPOCH_ADVANCE
+            await tx.execute("set_epoch_floor", floor=floor)
+            await tx.execute("advance_all_epochs", floor=floor)
+            await tx.execute("end_all_leases", now=tx.now, reason="failover")
+            await tx.execute("mark_fenced", now=tx.now)
+            await conn.execute(
+                "UPDATE store_meta SET history_timeline = $1, recovery_opened_at = $2,"
+                " recovery_reason = $3",
+                current.timeline,
+                tx.now,
+                lost,
+            )
+        self.recovery = RecoveryWindow(tx.now, lost)
+        log.warning(
+            "the store lost history (%s): every epoch was raised to %d, every lease ended, "
+            "and the recovery window opened",
+            lost,
+            floor,
+        )
 
     async def close(self) -> None:
         if self._pool is not None:

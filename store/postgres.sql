@@ -475,3 +475,16 @@ SELECT * FROM fenceproxy_receipt(
     :store_id, :id, :resource, :expected, :state, :upstream_status, :reason, :probe_now,
     :key_action, :idempotency_key, :fingerprint, :epoch, :default_retain_s,
     :status, :headers, :body, :key_settled_by, :kind, :actor, :conclusion)
+
+-- recovery_window --
+-- Issue 18 §1: the recovery window after lost history (store/history.py); NULL: closed.
+SELECT recovery_opened_at, recovery_reason FROM store_meta
+
+-- close_recovery_window --
+UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
+WHERE recovery_opened_at IS NOT NULL
+
+-- idempotency_key_known --
+-- In the recovery window: does the store know this key at all (replayed or in doubt
+-- by the admission), or is it unknown rather than new?
+SELECT 1 AS known FROM idempotency WHERE resource = :resource AND key = :key

@@ -441,3 +441,16 @@ ON CONFLICT (resource, key) DO UPDATE SET
 -- receipt --
 -- Nothing to save here: a receipt is a few statements in a transaction that costs no
 -- round trips, so this block is empty and the receipt is recorded step by step.
+
+-- recovery_window --
+-- Issue 18 §1 (see postgres.sql): never opened on SQLite, which has no standby.
+SELECT recovery_opened_at, recovery_reason FROM store_meta
+
+-- close_recovery_window --
+UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
+WHERE recovery_opened_at IS NOT NULL
+
+-- idempotency_key_known --
+-- In the recovery window: does the store know this key at all (replayed or in doubt
+-- by the admission), or is it unknown rather than new?
+SELECT 1 AS known FROM idempotency WHERE resource = :resource AND key = :key

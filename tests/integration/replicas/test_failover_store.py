@@ -1,0 +1,90 @@
+"""The store after a failover to an asynchronous standby that had not received the last
+grants (issue 18 §1): opened on the promoted standby, as a restarted replica would, it
+finds that the database lost history (a new timeline), raises every epoch past
+anything the old primary issued, ends every lease, and opens the recovery window;
+once, whichever replica finds it first; until an operator closes it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from core.records import Refusal
+from policies.model import StorePool
+from store import Store, open_store
+from store.history import FAILOVER_EPOCH_ADVANCE
+from tests.pgstandby import StandbyPair
+
+pytestmark = pytest.mark.timeout(90)
+
+POOL = StorePool(1, 2)
+TTL_S = 300.0
+
+
+@pytest.fixture
+def pair() -> Iterator[StandbyPair]:
+    with StandbyPair() as started:
+        yield started
+
+
+async def opened(url: str, instance: str) -> Store:
+    store = open_store(url, lambda: 0.0, instance, POOL)
+    await store.open()
+    return store
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[Store]]:
+    stores: list[Store] = []
+    yield stores
+    for store in stores:
+        await store.close()
+
+
+async def grant(store: Store, resource: str, holder: str) -> int:
+    granted = await store.acquire(resource, holder, TTL_S, f"token-{holder}")
+    assert not isinstance(granted, Refusal), granted
+    return granted[0].epoch
+
+
+async def test_a_promoted_async_standby_is_recovered_once_and_never_reissues_an_epoch(
+    pair: StandbyPair, closing: list[Store]
+) -> None:
+    primary = await opened(pair.primary_url, "replica-a")
+    closing.append(primary)
+    assert primary.recovery is None
+    assert await grant(primary, "r:1", "a") == 1
+    pair.wait_caught_up()
+    pair.detach_standby()
+    # Acknowledged by the primary, never on the standby: A's release, B's epoch 2.
+    released = await primary.release("token-a")
+    assert not isinstance(released, Refusal)
+    assert await grant(primary, "r:1", "b") == 2
+    await primary.close()
+    closing.remove(primary)
+    pair.crash_primary()
+    pair.promote()
+
+    first = await opened(pair.standby_url, "replica-a")
+    closing.append(first)
+    window = first.recovery
+    assert window is not None and "timeline 2" in window.reason, window
+    # A's lease, alive again on the standby, is over; the next epoch is above 2.
+    view = await first.lease_view("r:1")
+    assert not view.live, view
+    assert view.next_epoch > 2 + FAILOVER_EPOCH_ADVANCE - 1, view
+    assert await grant(first, "r:1", "c") == view.next_epoch
+
+    # Another replica restarting finds the loss already recovered: nothing ended again.
+    second = await opened(pair.standby_url, "replica-b")
+    closing.append(second)
+    assert second.recovery == window
+    assert (await second.lease_view("r:1")).live
+
+    assert await second.close_recovery()
+    assert second.recovery is None
+    assert await first.refresh_recovery() is None
+    third = await opened(pair.standby_url, "replica-c")
+    closing.append(third)
+    assert third.recovery is None
