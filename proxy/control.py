@@ -424,7 +424,12 @@ async def readyz(request: web.Request) -> web.Response:
     # A write, not a read: a full disk or a read-only store still answers reads.
     runtime = runtime_of(request)
     await runtime.readiness.check(runtime.store)
-    return web.json_response({"status": "ready"})
+    body: dict[str, object] = {"status": "ready"}
+    window = runtime.store.recovery
+    if window is not None:
+        # Ready, yet refusing keys it does not know (issue 18 §1): say why.
+        body["recovery_window"] = {"opened_at": window.opened_at, "reason": window.reason}
+    return web.json_response(body)
 
 
 async def _record(

@@ -94,6 +94,15 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class UnknownKey:
+    """In the recovery window (store/history.py): the admission would forward a key the
+    store does not know, which the old primary may have applied. Nothing was recorded;
+    admit again with `key_cleared` once the upstream says it has not seen the key."""
+
+    window: RecoveryWindow
+
+
+@dataclass(frozen=True)
 class Receipt:
     """What recording a dispatch's outcome did: the lifecycle step taken, and the
     effect as it stands after it (the worker's answer follows from both)."""
@@ -419,12 +428,17 @@ class Store:
     # -- effects --------------------------------------------------------------
 
     async def admit(
-        self, token_hash: str, new: NewEffect, clients: fencing.Clients = None
-    ) -> Admitted | Replay | Refusal:
+        self,
+        token_hash: str,
+        new: NewEffect,
+        clients: fencing.Clients = None,
+        key_cleared: bool = False,
+    ) -> Admitted | Replay | Refusal | UnknownKey:
         """Check the token (and, with `clients`, its client's standing: see `renew`) and
-        record the effect as DISPATCHING, in one transaction."""
+        record the effect as DISPATCHING, in one transaction. In the recovery window, a
+        key the store does not know is `UnknownKey` unless `key_cleared`."""
         decided = await self.connector.write(
-            self._admission(token_hash, new, clients), own_clock=True
+            self._admission(token_hash, new, clients, key_cleared), own_clock=True
         )
         if isinstance(decided, _Counted):
             self.refusal_tally.add(_count_key(decided.rejection))
@@ -435,9 +449,13 @@ class Store:
         return decided
 
     def _admission(
-        self, token_hash: str, new: NewEffect, clients: fencing.Clients
-    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Counted | _CameBack]]:
-        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Counted | _CameBack:
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients, key_cleared: bool
+    ) -> Callable[
+        [Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | UnknownKey | _Counted | _CameBack]
+    ]:
+        async def operation(
+            tx: Tx,
+        ) -> Admitted | Replay | Refusal | UnknownKey | _Counted | _CameBack:
             # One statement reads it all, under the resource's lock (a round trip
             # each is what a fenced request costs on PostgreSQL).
             row = await tx.one(
@@ -485,6 +503,14 @@ class Store:
                         return _CameBack(decision, came_back)
                 return decision
             assert isinstance(decision, Admit) and lease is not None
+            window = self.recovery
+            if (
+                window is not None
+                and new.idempotency_key is not None
+                and existing is None
+                and not key_cleared
+            ):
+                return UnknownKey(window)
             effect = EffectRecord(
                 id=_new_effect_id(),
                 route=new.route,
@@ -1023,12 +1049,6 @@ class Store:
 
         self.connector.recovery = await self.connector.read(operation)
         return self.connector.recovery
-
-    async def key_known(self, resource: str, key: str) -> bool:
-        async def operation(tx: Tx) -> bool:
-            return await tx.one("idempotency_key_known", resource=resource, key=key) is not None
-
-        return await self.connector.read(operation)
 
     async def close_recovery(self) -> bool:
         """Close the recovery window (an operator's decision: every key the store does

@@ -450,7 +450,3 @@ SELECT recovery_opened_at, recovery_reason FROM store_meta
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
 WHERE recovery_opened_at IS NOT NULL
 
--- idempotency_key_known --
--- In the recovery window: does the store know this key at all (replayed or in doubt
--- by the admission), or is it unknown rather than new?
-SELECT 1 AS known FROM idempotency WHERE resource = :resource AND key = :key

@@ -12,7 +12,7 @@ import pytest
 
 from core.records import Refusal
 from policies.model import StorePool
-from store import Store, open_store
+from store import Admitted, NewEffect, Store, UnknownKey, open_store
 from store.history import FAILOVER_EPOCH_ADVANCE
 from tests.pgstandby import StandbyPair
 
@@ -48,6 +48,20 @@ async def grant(store: Store, resource: str, holder: str) -> int:
     return granted[0].epoch
 
 
+def order(key: str) -> NewEffect:
+    return NewEffect(
+        route="place-order",
+        resource="r:1",
+        idempotency_key=key,
+        fingerprint=f"fp-{key}",
+        method="POST",
+        path=f"/orders/{key}",
+        max_in_flight=1,
+        upstream_timeout_s=1.0,
+        retain_s=60,
+    )
+
+
 async def test_a_promoted_async_standby_is_recovered_once_and_never_reissues_an_epoch(
     pair: StandbyPair, closing: list[Store]
 ) -> None:
@@ -75,6 +89,16 @@ async def test_a_promoted_async_standby_is_recovered_once_and_never_reissues_an_
     assert not view.live, view
     assert view.next_epoch > 2 + FAILOVER_EPOCH_ADVANCE - 1, view
     assert await grant(first, "r:1", "c") == view.next_epoch
+
+    # In the window a key the store does not know is unknown, not new: nothing recorded.
+    unknown = await first.admit("token-c", order("k-lost"))
+    assert isinstance(unknown, UnknownKey) and unknown.window == window
+    assert await first.effects(resource="r:1") == []
+    # Once the upstream says it never saw it: admitted, and known from then on.
+    admitted = await first.admit("token-c", order("k-lost"), key_cleared=True)
+    assert isinstance(admitted, Admitted), admitted
+    again = await first.admit("token-c", order("k-lost"))
+    assert not isinstance(again, UnknownKey | Admitted), again
 
     # Another replica restarting finds the loss already recovered: nothing ended again.
     second = await opened(pair.standby_url, "replica-b")
