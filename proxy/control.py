@@ -429,6 +429,10 @@ async def readyz(request: web.Request) -> web.Response:
     if window is not None:
         # Ready, yet refusing keys it does not know (issue 18 §1): say why.
         body["recovery_window"] = {"opened_at": window.opened_at, "reason": window.reason}
+    replication = runtime.store.replication
+    if replication is not None:
+        # What the PostgreSQL primary says of its standbys (issue 18 §1).
+        body["replication"] = replication.as_json()
     return web.json_response(body)
 
 

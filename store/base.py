@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from store.history import RecoveryWindow
+from store.history import RecoveryWindow, Replication
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -37,6 +37,8 @@ Operation = Callable[[Tx], Coroutine[Any, Any, T]]
 class Connector(Protocol):
     # The recovery window after lost history, as last read (store/history.py).
     recovery: RecoveryWindow | None
+    # What a PostgreSQL primary said of its standbys, as last read (None on SQLite).
+    replication: Replication | None
 
     async def open(self) -> None: ...
 

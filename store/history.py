@@ -26,7 +26,9 @@ new (proxy/fenced.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # As `store fence-restore`'s default: more acquisitions and revocations than any one
 # resource sees between the last replicated grant and a failover.
@@ -47,6 +49,78 @@ class RecoveryWindow:
 
     opened_at: float
     reason: str
+
+
+# Commits wait for a synchronous standby only with these (and a non-empty
+# synchronous_standby_names); `local` and `off` never wait for one.
+_WAITING_COMMITS = frozenset({"on", "remote_apply", "remote_write"})
+DOCS = 'docs/deployment.md, "PostgreSQL standbys and failover"'
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What the primary says of its standbys, as any role sees it: how many stream from
+    it (pg_stat_replication's rows), the settings that make commits wait for them, and
+    each one's sync_state (None where the role lacks pg_read_all_stats)."""
+
+    standbys: int
+    synchronous_standby_names: str
+    synchronous_commit: str
+    sync_states: tuple[str | None, ...] = ()
+
+    @property
+    def commits_wait(self) -> bool:
+        return (
+            self.synchronous_commit in _WAITING_COMMITS
+            and self.synchronous_standby_names.strip() != ""
+        )
+
+    def warning(self) -> str | None:
+        """Why a failover to a standby may lose acknowledged writes, or None."""
+        if self.standbys == 0:
+            return None
+        if not self.commits_wait:
+            why = (
+                "synchronous_standby_names is empty"
+                if self.synchronous_standby_names.strip() == ""
+                else f"synchronous_commit is {self.synchronous_commit}"
+            )
+            return (
+                f"{self.standbys} standby(s) replicate the store asynchronously ({why}): a "
+                "failover to one may lose acknowledged grants and writes; the store then "
+                "recovers (every epoch raised, every lease ended, keys it lost refused in "
+                f"the recovery window): see {DOCS}"
+            )
+        lagging = [state for state in self.sync_states if state in ("async", "potential")]
+        if lagging:
+            return (
+                f"{len(lagging)} of {self.standbys} standbys are not synchronous "
+                f"(sync_state {', '.join(sorted(set(lagging)))}): promote only a synchronous "
+                f"one, or the store recovers as after a loss: see {DOCS}"
+            )
+        return None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "standbys": self.standbys,
+            "synchronous_standby_names": self.synchronous_standby_names,
+            "synchronous_commit": self.synchronous_commit,
+            "sync_states": list(self.sync_states),
+            "warning": self.warning(),
+        }
+
+
+def replication_of(row: Mapping[str, Any]) -> Replication | None:
+    """From a row with `standbys`, `sync_states`, `synchronous_standby_names` and
+    `synchronous_commit` (NULL on SQLite, which has no standby)."""
+    if row["standbys"] is None:
+        return None
+    return Replication(
+        int(row["standbys"]),
+        str(row["synchronous_standby_names"]),
+        str(row["synchronous_commit"]),
+        tuple(row["sync_states"] or ()),
+    )
 
 
 def parse_position(walfile: str, lsn: str) -> Position:

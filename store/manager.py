@@ -38,7 +38,7 @@ from core.records import (
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
-from store.history import RecoveryWindow
+from store.history import RecoveryWindow, Replication, replication_of
 from store.rows import effect_record, idempotency_record, lease_record, response_meta
 from store.tally import CountKey, RefusalTally
 
@@ -1036,18 +1036,26 @@ class Store:
         every new connection to the store, and by `refresh_recovery`."""
         return self.connector.recovery
 
-    async def refresh_recovery(self) -> RecoveryWindow | None:
-        """Read the recovery window again: another replica's operator may have closed it."""
+    @property
+    def replication(self) -> Replication | None:
+        """What the PostgreSQL primary said of its standbys when last asked (None on
+        SQLite): on every new connection, and by `refresh_recovery`."""
+        return self.connector.replication
 
-        async def operation(tx: Tx) -> RecoveryWindow | None:
+    async def refresh_recovery(self) -> RecoveryWindow | None:
+        """Read the recovery window again (another replica's operator may have closed
+        it), and the replication state with it."""
+
+        async def operation(tx: Tx) -> tuple[RecoveryWindow | None, Replication | None]:
             row = await tx.one("recovery_window")
             assert row is not None
             opened = row["recovery_opened_at"]
-            if opened is None:
-                return None
-            return RecoveryWindow(float(opened), str(row["recovery_reason"]))
+            window = None
+            if opened is not None:
+                window = RecoveryWindow(float(opened), str(row["recovery_reason"]))
+            return window, replication_of(row)
 
-        self.connector.recovery = await self.connector.read(operation)
+        self.connector.recovery, self.connector.replication = await self.connector.read(operation)
         return self.connector.recovery
 
     async def close_recovery(self) -> bool:

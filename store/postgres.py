@@ -28,7 +28,7 @@ import asyncpg
 from policies.model import StorePool
 from store import history, sqlstate
 from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
-from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow
+from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
 log = logging.getLogger("fenceproxy")
@@ -53,7 +53,11 @@ _HISTORY = (
     "SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
     " ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile,"
     " CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END AS lsn,"
-    " history_timeline, recovery_opened_at, recovery_reason FROM store_meta"
+    " history_timeline, recovery_opened_at, recovery_reason, r.standbys, r.sync_states,"
+    " current_setting('synchronous_standby_names') AS synchronous_standby_names,"
+    " current_setting('synchronous_commit') AS synchronous_commit"
+    " FROM store_meta, (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states"
+    " FROM pg_stat_replication) r"
 )
 # Read under the row lock by the replica that recovers, so that two replicas that found
 # the same loss recover it once.
@@ -270,6 +274,7 @@ class PostgresConnector:
         self.lost: str | None = None
         # The recovery window as last read from the store (store/history.py).
         self.recovery: RecoveryWindow | None = None
+        self.replication: Replication | None = None
         # The newest WAL position this process saw: a later one behind it went back.
         self._seen: Position | None = None
         # Connections opened before the migrations cannot read the history columns.
@@ -321,6 +326,7 @@ class PostgresConnector:
         row = await conn.fetchrow(_HISTORY)
         assert row is not None
         self.recovery = _window(row)
+        self.replication = history.replication_of(dict(row))
         if row["walfile"] is None:
             return
         current = history.parse_position(row["walfile"], row["lsn"])

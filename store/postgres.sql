@@ -478,7 +478,14 @@ SELECT * FROM fenceproxy_receipt(
 
 -- recovery_window --
 -- Issue 18 §1: the recovery window after lost history (store/history.py); NULL: closed.
-SELECT recovery_opened_at, recovery_reason FROM store_meta
+-- And what the primary says of its standbys (any role sees their rows and the
+-- settings; their sync_state needs pg_read_all_stats, else NULL).
+SELECT m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
+    current_setting('synchronous_standby_names') AS synchronous_standby_names,
+    current_setting('synchronous_commit') AS synchronous_commit
+FROM store_meta m,
+    (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states
+     FROM pg_stat_replication) r
 
 -- close_recovery_window --
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from store.base import Operation, Row, StoreError, StoreUnavailable, T
-from store.history import RecoveryWindow
+from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
 MAX_BATCH = 256
@@ -276,6 +276,7 @@ class SQLiteConnector:
         # Never opened by this backend, which has no standby; an operator may close one
         # left by a store copied from PostgreSQL's records (Store.refresh_recovery).
         self.recovery: RecoveryWindow | None = None
+        self.replication: Replication | None = None
 
     def _connect(self, *pragmas: str) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None)

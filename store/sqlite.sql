@@ -444,7 +444,9 @@ ON CONFLICT (resource, key) DO UPDATE SET
 
 -- recovery_window --
 -- Issue 18 §1 (see postgres.sql): never opened on SQLite, which has no standby.
-SELECT recovery_opened_at, recovery_reason FROM store_meta
+SELECT recovery_opened_at, recovery_reason, NULL AS standbys, NULL AS sync_states,
+    NULL AS synchronous_standby_names, NULL AS synchronous_commit
+FROM store_meta
 
 -- close_recovery_window --
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL

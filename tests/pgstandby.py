@@ -124,6 +124,12 @@ class StandbyPair:
                 raise TimeoutError("the standby did not catch up")
             time.sleep(0.05)
 
+    def make_synchronous(self) -> None:
+        """Make every commit on the primary wait for the standby (`synchronous_commit`
+        is `on` by default): `synchronous_standby_names = '*'`, reloaded."""
+        self._psql(self.primary_port, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+        self._psql(self.primary_port, "SELECT pg_reload_conf()")
+
     def detach_standby(self) -> None:
         """Cut the standby off its primary, as a link that lags: what the primary
         commits from now on is not on the standby when it is promoted (issue 18 §1).

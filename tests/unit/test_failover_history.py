@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.history import Position, format_lsn, judge, parse_position
+from store.history import Position, Replication, format_lsn, judge, parse_position
 
 
 def test_the_timeline_and_lsn_are_read_from_the_wal_file_name_and_position() -> None:
@@ -42,3 +42,26 @@ def test_a_timeline_recorded_by_a_replica_that_recovered_first_is_no_new_loss() 
 def test_the_wal_going_back_on_one_timeline_is_lost_history() -> None:
     lost = judge(1, Position(1, 400), Position(1, 500))
     assert lost is not None and "went back" in lost
+
+
+def test_no_standby_no_warning() -> None:
+    assert Replication(0, "", "on").warning() is None
+
+
+def test_an_asynchronous_standby_is_warned_of() -> None:
+    warning = Replication(1, "", "on", (None,)).warning()
+    assert warning is not None and "synchronous_standby_names is empty" in warning
+    local = Replication(1, "standby1", "local").warning()
+    assert local is not None and "synchronous_commit is local" in local
+
+
+def test_a_synchronous_standby_is_safe() -> None:
+    for commit in ("on", "remote_apply", "remote_write"):
+        assert Replication(1, "standby1", commit, ("sync",)).warning() is None
+    # Without pg_read_all_stats the states are not visible: the settings decide.
+    assert Replication(2, "ANY 1 (a, b)", "on", (None, None)).warning() is None
+
+
+def test_a_potential_or_async_standby_beside_a_synchronous_one_is_warned_of() -> None:
+    warning = Replication(2, "a", "on", ("sync", "async")).warning()
+    assert warning is not None and "1 of 2" in warning

@@ -142,6 +142,10 @@ async def test_failover_to_a_lagging_async_standby_keeps_every_promise(
     before = fleet.start_proxy("r0", pair.primary_url, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
     sent = Sent()
     async with api_for(fleet) as api:
+        # Said before anything goes wrong: the standby is asynchronous.
+        replication = (await api_call_readyz(api, before))["replication"]
+        assert replication["standbys"] == 1 and "asynchronously" in replication["warning"]
+        assert "replicate the store asynchronously" in before.process.log_tail(60)
         stop = asyncio.Event()
         workers = [
             asyncio.create_task(worker(api, before, holder, sent, stop)) for holder in HOLDERS

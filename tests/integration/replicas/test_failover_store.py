@@ -112,3 +112,16 @@ async def test_a_promoted_async_standby_is_recovered_once_and_never_reissues_an_
     third = await opened(pair.standby_url, "replica-c")
     closing.append(third)
     assert third.recovery is None
+
+
+async def test_the_store_says_whether_its_standby_is_synchronous(
+    pair: StandbyPair, closing: list[Store]
+) -> None:
+    store = await opened(pair.primary_url, "replica-a")
+    closing.append(store)
+    replication = store.replication
+    assert replication is not None and replication.standbys == 1
+    assert replication.warning() is not None
+    pair.make_synchronous()
+    await store.refresh_recovery()
+    assert store.replication is not None and store.replication.warning() is None
