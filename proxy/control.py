@@ -41,6 +41,7 @@ def add_routes(app: web.Application, metrics: bool = True) -> None:
     post(f"{PREFIX}/leases/renew", renew)
     post(f"{PREFIX}/leases/release", release)
     post(f"{PREFIX}/admin/revoke", revoke)
+    post(f"{PREFIX}/admin/close-recovery", close_recovery)
     get(f"{PREFIX}/effects", list_effects)
     get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
     post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
@@ -185,6 +186,15 @@ async def revoke(request: web.Request) -> web.Response:
             "reason": revoked.reason,
         }
     )
+
+
+async def close_recovery(request: web.Request) -> web.Response:
+    """`store close-recovery` over the API: every key the store does not know is new
+    again, on every replica within a beat (issue 18 §1)."""
+    auth.require(request, Right.ADMIN)
+    await json_object(request, set())
+    store = runtime_of(request).store
+    return web.json_response({"closed": await store.close_recovery()})
 
 
 def _listing_limit(client: AuthClient, query: Mapping[str, str]) -> tuple[str | None, int]:

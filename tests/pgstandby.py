@@ -126,8 +126,13 @@ class StandbyPair:
 
     def make_synchronous(self) -> None:
         """Make every commit on the primary wait for the standby (`synchronous_commit`
-        is `on` by default): `synchronous_standby_names = '*'`, reloaded."""
-        self._psql(self.primary_port, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+        is `on` by default)."""
+        self.configure_primary(synchronous_standby_names="*")
+
+    def configure_primary(self, **settings: str) -> None:
+        """ALTER SYSTEM SET each setting on the primary, then reload its configuration."""
+        for name, value in settings.items():
+            self._psql(self.primary_port, f"ALTER SYSTEM SET {name} = '{value}'")
         self._psql(self.primary_port, "SELECT pg_reload_conf()")
 
     def detach_standby(self) -> None:
