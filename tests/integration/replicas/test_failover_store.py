@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import asyncpg
 import pytest
 
 from core.records import Refusal
 from policies.model import StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
 from store.history import FAILOVER_EPOCH_ADVANCE
+from store.postgres import PostgresConnector
 from tests.pgstandby import StandbyPair
 
 pytestmark = pytest.mark.timeout(90)
@@ -125,3 +127,32 @@ async def test_the_store_says_whether_its_standby_is_synchronous(
     pair.make_synchronous()
     await store.refresh_recovery()
     assert store.replication is not None and store.replication.warning() is None
+
+
+async def test_a_new_connection_checks_the_history_again(
+    pair: StandbyPair, closing: list[Store]
+) -> None:
+    """A reconnect without a restart (the pool opens a new connection, to whatever now
+    answers at the address) finds the loss too: here the store's record says it wrote
+    on another timeline than the server's, as on a standby promoted behind the same
+    address."""
+    store = await opened(pair.primary_url, "replica-a")
+    closing.append(store)
+    assert await grant(store, "r:1", "a") == 1
+    await admin_execute(pair.primary_url, "UPDATE store_meta SET history_timeline = 7")
+    connector = store.connector
+    assert isinstance(connector, PostgresConnector)
+    # As a server that went away does: every pooled connection is opened anew.
+    assert connector._pool is not None
+    await connector._pool.expire_connections()
+    view = await store.lease_view("r:1")
+    assert store.recovery is not None and "timeline 7" in store.recovery.reason
+    assert not view.live and view.next_epoch > FAILOVER_EPOCH_ADVANCE, view
+
+
+async def admin_execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
