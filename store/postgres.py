@@ -62,7 +62,7 @@ _HISTORY = (
 # Read under the row lock by the replica that recovers, so that two replicas that found
 # the same loss recover it once.
 _HISTORY_LOCKED = (
-    "SELECT history_timeline, recovery_opened_at,"
+    "SELECT history_timeline, recovery_opened_at, recovery_reason,"
     " extract(epoch FROM now())::float8 + clock_offset_s AS now FROM store_meta FOR UPDATE"
 )
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -359,7 +359,8 @@ class PostgresConnector:
             if again is None or (
                 row["history_timeline"] == current.timeline and row["recovery_opened_at"]
             ):
-                # Another replica recovered first.
+                # Another replica recovered first: its window is this one's too.
+                self.recovery = _window(row)
                 return
             tx = PostgresTx(conn, self._queries, float(row["now"]))
             await tx.execute("lock_all_resources")

@@ -1,6 +1,6 @@
 """A failover to an asynchronous standby, with real processes (issue 18 §1).
 
-A primary and its streaming standby (tests/pgstandby.py); a proxy on the primary;
+A primary and its streaming standby (tests/pgstandby.py); two proxy replicas on the primary;
 workers taking turns on two shared resources and writing under load to the demo
 upstream, which counts its own effects: orders on `r:o` (a route with a probe),
 rules on `r:u` (a route without one). The standby is cut off its primary while the
@@ -139,16 +139,19 @@ async def test_failover_to_a_lagging_async_standby_keeps_every_promise(
     pair: StandbyPair, fleet: Fleet
 ) -> None:
     fleet.start_upstream()
-    before = fleet.start_proxy("r0", pair.primary_url, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
+    before = fleet.start_replicas(
+        pair.primary_url, [None, None], timeout_s=TIMEOUT_S, settle_s=SETTLE_S
+    )
     sent = Sent()
     async with api_for(fleet) as api:
         # Said before anything goes wrong: the standby is asynchronous.
-        replication = (await api_call_readyz(api, before))["replication"]
+        replication = (await api_call_readyz(api, before[0]))["replication"]
         assert replication["standbys"] == 1 and "asynchronously" in replication["warning"]
-        assert "replicate the store asynchronously" in before.process.log_tail(60)
+        assert "replicate the store asynchronously" in before[0].process.log_tail(60)
         stop = asyncio.Event()
         workers = [
-            asyncio.create_task(worker(api, before, holder, sent, stop)) for holder in HOLDERS
+            asyncio.create_task(worker(api, before[number % 2], holder, sent, stop))
+            for number, holder in enumerate(HOLDERS)
         ]
         # Bounded waits on the workload itself, not on the clock alone.
         await asyncio.wait(workers, timeout=REPLICATED_S)
@@ -158,25 +161,32 @@ async def test_failover_to_a_lagging_async_standby_keeps_every_promise(
         await asyncio.wait(workers, timeout=LAGGING_S)
         # Writes in flight: the primary dies under them, then the proxy is stopped.
         await asyncio.to_thread(pair.crash_primary)
-        before.process.terminate()
+        for replica in before:
+            replica.process.terminate()
         stop.set()
         await asyncio.gather(*workers)
         acknowledged = sent.acknowledged()
         assert acknowledged - acknowledged_replicated, "nothing acknowledged while lagging"
 
         await asyncio.to_thread(pair.promote)
-        after = fleet.start_proxy("r0", pair.standby_url, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
-        ready = await api_call_readyz(api, after)
-        assert "timeline" in ready["recovery_window"]["reason"], ready
+        # Both replicas restarted on the new primary: one recovers, both see the window.
+        afters = fleet.start_replicas(
+            pair.standby_url, [None, None], timeout_s=TIMEOUT_S, settle_s=SETTLE_S
+        )
+        after = afters[0]
+        windows = [(await api_call_readyz(api, replica))["recovery_window"] for replica in afters]
+        assert "timeline" in windows[0]["reason"] and windows[0] == windows[1], windows
+        recovered = [r for r in afters if "the store lost history" in r.process.log_tail(60)]
+        assert len(recovered) == 1, "recovered once, by one replica"
         known_after = {effect["idempotency_key"] for effect in await api.effects(after)}
         lost = acknowledged - known_after
         assert lost, "the standby lost no acknowledged write: the run proves nothing"
 
         await resolve_in_doubt(api, after, f"r:{RULES}")
         answers: dict[str, Answer] = {}
-        for holder in HOLDERS:
+        for number, holder in enumerate(HOLDERS):
             keys = sorted(key for key in sent.answers if key.startswith(f"{holder}."))
-            answers.update(await send_again(api, after, holder, keys))
+            answers.update(await send_again(api, afters[number % 2], holder, keys))
         upstream = await api.upstream_effects()
 
         # The operator closes the window (the admin API; the CLI asks for --yes, and
