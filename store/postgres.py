@@ -59,6 +59,15 @@ _HISTORY = (
     " FROM store_meta, (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states"
     " FROM pg_stat_replication) r"
 )
+# The same without the WAL position, where the WAL functions are refused.
+_HISTORY_UNCHECKED = _HISTORY.replace(
+    "pg_walfile_name(pg_current_wal_lsn())", "NULL::text"
+).replace("pg_current_wal_lsn()::text", "NULL::text")
+_WAL_REFUSED = (
+    asyncpg.InsufficientPrivilegeError,
+    asyncpg.FeatureNotSupportedError,
+    asyncpg.UndefinedFunctionError,
+)
 # Read under the row lock by the replica that recovers, so that two replicas that found
 # the same loss recover it once.
 _HISTORY_LOCKED = (
@@ -279,6 +288,7 @@ class PostgresConnector:
         self._seen: Position | None = None
         # Connections opened before the migrations cannot read the history columns.
         self._migrated = False
+        self._unchecked_said = False
 
     async def open(self) -> None:
         await check_server(self.url, self.pool)
@@ -323,7 +333,12 @@ class PostgresConnector:
         """Has the database lost what this store acknowledged? If so, recover at once
         (raise every epoch, end every lease, open the recovery window) before this
         connection serves anything; and note the recovery window either way."""
-        row = await conn.fetchrow(_HISTORY)
+        try:
+            row = await conn.fetchrow(_HISTORY)
+        except _WAL_REFUSED as exc:
+            # A role or a service that may not read the WAL position: no check.
+            self._warn_unchecked(exc)
+            row = await conn.fetchrow(_HISTORY_UNCHECKED)
         assert row is not None
         self.recovery = _window(row)
         self.replication = history.replication_of(dict(row))
@@ -343,6 +358,16 @@ class PostgresConnector:
             self._seen = current
         else:
             self._seen = Position(current.timeline, max(current.lsn, self._seen.lsn))
+
+    def _warn_unchecked(self, exc: Exception) -> None:
+        if not self._unchecked_said:
+            self._unchecked_said = True
+            log.warning(
+                "the WAL position cannot be read (%s): a failover that lost history "
+                "cannot be detected; after one, run `fenceproxy store fence-restore` and "
+                "restart every replica",
+                exc,
+            )
 
     async def _recover(
         self,

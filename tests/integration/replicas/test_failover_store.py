@@ -162,3 +162,21 @@ async def admin_execute(url: str, sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+async def test_a_role_refused_the_wal_functions_opens_the_store_and_is_warned(
+    pair: StandbyPair, closing: list[Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the WAL position may not be read (a role, or a managed service, refused
+    pg_walfile_name), the store still works; it says it cannot detect a failover."""
+    for sql in (
+        "CREATE ROLE app LOGIN",
+        "GRANT CREATE ON SCHEMA public TO app",
+        "REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC",
+    ):
+        await admin_execute(pair.primary_url, sql)
+    store = await opened(pair.primary_url.replace("postgres@", "app@"), "replica-a")
+    closing.append(store)
+    assert await grant(store, "r:1", "a") == 1
+    assert store.recovery is None
+    assert "a failover that lost history cannot be detected" in caplog.text
