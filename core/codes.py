@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     OVERLOADED = "overloaded"
     EXPECTATION_FAILED = "expectation_failed"
+    RECOVERY_WINDOW = "recovery_window"
 
     @property
     def status(self) -> int:
@@ -216,6 +217,14 @@ _PROBLEMS = {
         "Proxy overloaded",
         "`limits.max_requests` proxied requests are being handled; nothing was recorded or "
         "forwarded (`Retry-After` set, the connection is closed)",
+    ),
+    ErrorCode.RECOVERY_WINDOW: _Problem(
+        503,
+        "Key unknown after a failover",
+        "the store lost history (a failover to an asynchronous standby) and the recovery "
+        "window is open: the idempotency key is not in the store, the old primary may have "
+        "applied it, and the route's probe cannot tell yet (or it has none): nothing was "
+        "recorded or forwarded (`Retry-After` set)",
     ),
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,

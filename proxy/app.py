@@ -154,6 +154,10 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
                 "fence-restored since or accepted with --new-store",
                 previous.store_id,
             )
+    replication = store.replication
+    warning = None if replication is None else replication.warning()
+    if warning is not None:
+        log.warning("%s", warning)
     # Before the listener opens: whatever this instance had in flight when it last
     # stopped has an unknown fate now, and its resources must stay blocked.
     recovered = await store.recover(store.instance_id, DEADLINE_MARGIN_S)

@@ -209,10 +209,21 @@ def _parser() -> argparse.ArgumentParser:
         "the acquisitions and revocations any one resource saw since the backup",
     )
     restore.add_argument("--yes", action="store_true", help="do it (every token dies)")
+    close_recovery = store_commands.add_parser(
+        "close-recovery",
+        help="after a failover that lost history: close the recovery window, so that an "
+        "idempotency key the store does not know is new again",
+    )
+    close_recovery.add_argument(
+        "--yes",
+        action="store_true",
+        help="do it (a key applied before the failover and sent again is applied again)",
+    )
     for sub, run in (
         (migrate, _store_migrate),
         (backup, _store_backup),
         (restore, _store_fence_restore),
+        (close_recovery, _store_close_recovery),
     ):
         _store_options(sub)
         sub.set_defaults(run=run)
@@ -721,6 +732,18 @@ def _store_fence_restore(args: argparse.Namespace) -> int:
     floor = _with_store(args, lambda store: store.fence_restore(args.advance))
     data = {"epoch_floor": floor, "leases_ended": True}
     _print(args, data, [[str(floor), "all ended"]], ["epoch_floor", "leases"])
+    return 0
+
+
+def _store_close_recovery(args: argparse.Namespace) -> int:
+    if not args.yes:
+        raise CommandError(
+            "close-recovery lets keys the store lost be forwarded again; run it again with "
+            "--yes once every worker's writes from before the failover are accounted for"
+        )
+    closed = _with_store(args, lambda store: store.close_recovery())
+    data = {"recovery_window": "closed" if closed else "none was open"}
+    _print(args, data, [[data["recovery_window"]]], ["recovery_window"])
     return 0
 
 

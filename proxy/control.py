@@ -48,6 +48,7 @@ def add_routes(app: web.Application, metrics: bool = True) -> None:
     post(f"{PREFIX}/leases/renew", renew)
     post(f"{PREFIX}/leases/release", release)
     post(f"{PREFIX}/admin/revoke", revoke)
+    post(f"{PREFIX}/admin/close-recovery", close_recovery)
     get(f"{PREFIX}/effects", list_effects)
     get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
     post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
@@ -194,6 +195,15 @@ async def revoke(request: web.Request) -> web.Response:
             "reason": revoked.reason,
         }
     )
+
+
+async def close_recovery(request: web.Request) -> web.Response:
+    """`store close-recovery` over the API: every key the store does not know is new
+    again, on every replica within a beat (issue 18 §1)."""
+    auth.require(request, Right.ADMIN)
+    await json_object(request, set())
+    store = runtime_of(request).store
+    return web.json_response({"closed": await store.close_recovery()})
 
 
 def _listing_limit(client: AuthClient, query: Mapping[str, str]) -> tuple[str | None, int]:
@@ -446,7 +456,16 @@ async def readyz(request: web.Request) -> web.Response:
     # A write, not a read: a full disk or a read-only store still answers reads.
     runtime = runtime_of(request)
     await runtime.readiness.check(runtime.store)
-    return web.json_response({"status": "ready"})
+    body: dict[str, object] = {"status": "ready"}
+    window = runtime.store.recovery
+    if window is not None:
+        # Ready, yet refusing keys it does not know (issue 18 §1): say why.
+        body["recovery_window"] = {"opened_at": window.opened_at, "reason": window.reason}
+    replication = runtime.store.replication
+    if replication is not None:
+        # What the PostgreSQL primary says of its standbys (issue 18 §1).
+        body["replication"] = replication.as_json()
+    return web.json_response(body)
 
 
 async def _record(

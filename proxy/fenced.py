@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from aiohttp import web
@@ -20,8 +21,9 @@ from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
+from core.probing import Conclusion, judge_probe
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
-from policies import RESOURCE_RE, RouteMatch
+from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import forwarding
 from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
@@ -32,9 +34,10 @@ from proxy.requests import (
     refuse_unissued_token_before_inviting,
     single_header,
 )
-from proxy.runtime import UPSTREAMS, Runtime
+from proxy.runtime import UPSTREAMS, Runtime, Upstreams
 from proxy.tokens import token_hash, well_formed
-from store import Admitted, NewEffect, Receipt
+from reconcile import prober
+from store import Admitted, NewEffect, Receipt, UnknownKey
 
 log = logging.getLogger("fenceproxy")
 
@@ -101,6 +104,16 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     )
     standing = request.config_dict[CREDENTIALS].standing
     decision = await runtime.store.admit(token_hash(token), new, standing)
+    if isinstance(decision, UnknownKey):
+        assert key is not None  # only a key is unknown
+        unknown = await _ask_about_unknown_key(
+            runtime, request.config_dict[UPSTREAMS], route, resource, request.path, key, decision
+        )
+        if unknown is not None:
+            runtime.metrics.count_request(route.name, "refused")
+            return unknown
+        decision = await runtime.store.admit(token_hash(token), new, standing, key_cleared=True)
+        assert not isinstance(decision, UnknownKey)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
@@ -111,6 +124,78 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     runtime.metrics.count_request(route.name, "refused")
     runtime.metrics.count_refusal(decision.code)  # recorded by the admission itself
     return refusal_response(decision)
+
+
+# Without a probe, the recovery window stays open until an operator closes it: a worker
+# asks again at this pace meanwhile.
+RECOVERY_RETRY_AFTER_S = 30
+
+
+async def _ask_about_unknown_key(
+    runtime: Runtime,
+    upstreams: Upstreams,
+    route: Route,
+    resource: str,
+    path: str,
+    key: str,
+    unknown: UnknownKey,
+) -> web.Response | None:
+    """In the recovery window, a key the store does not know may have been applied by the
+    old primary before the failover. Ask the route's probe: applied, the worker is told
+    so (as a replay of an effect committed by reconciliation, with no response to
+    replay); not applied, and believed (the settle window counted from the opening of the
+    recovery window, after anything the old primary sent), None: the key is new and is
+    forwarded. Otherwise, or with no probe, refused with `recovery_window`."""
+    window = unknown.window
+    if route.reconcile is None:
+        runtime.metrics.count_refusal(ErrorCode.RECOVERY_WINDOW)
+        return problem(
+            ErrorCode.RECOVERY_WINDOW,
+            f"the store lost history ({window.reason}); idempotency key {key!r} is not in "
+            "it and may have been applied before the failover, and route "
+            f"{route.name} has no probe to ask: refused until an operator closes the "
+            "recovery window (`fenceproxy store close-recovery`)",
+            headers={"Retry-After": str(RECOVERY_RETRY_AFTER_S)},
+            route=route.name,
+            resource=resource,
+            recovery_opened_at=window.opened_at,
+        )
+    asked_at = await runtime.store.now()
+    status, error = await prober.ask_upstream_about(
+        upstreams.session,
+        route,
+        prober.probe_path(route, path, key),
+        {"Fence-Resource": resource},
+    )
+    verdict = judge_probe(status, error, route.reconcile, window.opened_at, asked_at)
+    log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
+    if verdict.conclusion is Conclusion.NOT_COMMITTED:
+        return None
+    if verdict.conclusion is Conclusion.COMMITTED:
+        return web.json_response(
+            {
+                "replayed": True,
+                "state": EffectState.COMMITTED.value,
+                "settled_by": "recovery probe",
+                "detail": "the operation was applied before the store lost history (a "
+                f"failover), as the upstream's probe says ({verdict.detail}); its response "
+                "was lost with the store's record, so there is none to replay",
+            },
+            status=200,
+            headers={"Fence-Resource": resource, forwarding.REPLAYED: "true"},
+        )
+    wait_s = max(1, math.ceil(window.opened_at + route.reconcile.settle_s - asked_at))
+    runtime.metrics.count_refusal(ErrorCode.RECOVERY_WINDOW)
+    return problem(
+        ErrorCode.RECOVERY_WINDOW,
+        f"the store lost history ({window.reason}); idempotency key {key!r} is not in it "
+        f"and may have been applied before the failover, and the probe cannot tell yet "
+        f"({verdict.detail}): nothing was forwarded, ask again",
+        headers={"Retry-After": str(wait_s)},
+        route=route.name,
+        resource=resource,
+        recovery_opened_at=window.opened_at,
+    )
 
 
 async def _dispatch_admitted(

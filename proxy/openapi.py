@@ -639,6 +639,28 @@ def document(leases: LeaseBounds | None = None) -> dict[str, Any]:
                     ),
                 }
             },
+            "/_fence/v1/admin/close-recovery": {
+                "post": {
+                    "summary": "close the recovery window opened after a failover lost "
+                    "history: keys the store does not know are new again",
+                    "security": _ADMIN,
+                    "requestBody": _body({}),
+                    "responses": _responses(
+                        {
+                            "200": _json(
+                                {
+                                    "type": "object",
+                                    "required": ["closed"],
+                                    "properties": {"closed": {"type": "boolean"}},
+                                },
+                                "closed (false: none was open)",
+                            )
+                        },
+                        _BODY,
+                        _GUARDED,
+                    ),
+                }
+            },
             "/_fence/v1/effects": {
                 "get": {
                     "summary": "effect receipts, newest first",

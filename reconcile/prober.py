@@ -43,11 +43,11 @@ class ProbeResult:
     detail: str
 
 
-def probe_path(route: Route, effect: EffectRecord) -> str:
-    """The probe request's path, from the effect's own path parameters and key."""
+def probe_path(route: Route, path: str, key: str | None) -> str:
+    """The probe request's path, from a request's own path parameters and key."""
     assert route.reconcile is not None
-    values = dict(route.path.match(effect.path) or {})
-    values["idempotency_key"] = effect.idempotency_key or ""
+    values = dict(route.path.match(path) or {})
+    values["idempotency_key"] = key or ""
     return route.reconcile.probe.path.render(values, url_quote=True)
 
 
@@ -55,13 +55,23 @@ async def ask_upstream(
     session: aiohttp.ClientSession, route: Route, effect: EffectRecord
 ) -> tuple[int | None, str | None]:
     """(status, None) if the upstream answered, (None, why) if it did not."""
+    headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
+    return await ask_upstream_about(
+        session, route, probe_path(route, effect.path, effect.idempotency_key), headers
+    )
+
+
+async def ask_upstream_about(
+    session: aiohttp.ClientSession, route: Route, path: str, headers: dict[str, str]
+) -> tuple[int | None, str | None]:
+    """The probe of `route` at `path` (from `probe_path`): (status, None) if the upstream
+    answered, (None, why) if it did not."""
     assert route.reconcile is not None
     upstream = route.upstream
     # Encoded as rendered (every value quoted): a plain string would let the client
     # resolve dot segments and re-quote, and the upstream see another path.
-    url = URL(upstream.url + probe_path(route, effect), encoded=True)
+    url = URL(upstream.url + path, encoded=True)
     timeout = aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
-    headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
     try:
         async with session.request(
             route.reconcile.probe.method,
@@ -199,7 +209,8 @@ class Reconciler:
                 log.error("probe failed: %s", result)
 
     async def beat(self) -> None:
-        """Write this instance's row in `replicas`, at most once per
+        """Write this instance's row in `replicas`, and read the recovery window again
+        (an operator may have closed it through another replica), at most once per
         REPLICA_BEAT_INTERVAL_S."""
         now = self.clock()
         if self.last_beat is not None and now - self.last_beat < REPLICA_BEAT_INTERVAL_S:
@@ -211,4 +222,5 @@ class Reconciler:
         await self.store.record_replica(
             self.version, now - self.started, age(self.last_sweep), age(self.last_probe)
         )
+        await self.store.refresh_recovery()
         self.last_beat = now

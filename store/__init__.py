@@ -19,6 +19,7 @@ from store.manager import (
     Replica,
     Store,
     StoreIdentity,
+    UnknownKey,
 )
 from store.postgres import PostgresConnector
 from store.postgres import check_server as check_postgres_server
@@ -77,6 +78,7 @@ __all__ = [
     "StoreError",
     "StoreIdentity",
     "StoreUnavailable",
+    "UnknownKey",
     "check_server",
     "open_store",
 ]

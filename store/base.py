@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from store.history import RecoveryWindow, Replication
+
 T = TypeVar("T")
 Row = dict[str, Any]
 
@@ -33,6 +35,11 @@ Operation = Callable[[Tx], Coroutine[Any, Any, T]]
 
 
 class Connector(Protocol):
+    # The recovery window after lost history, as last read (store/history.py).
+    recovery: RecoveryWindow | None
+    # What a PostgreSQL primary said of its standbys, as last read (None on SQLite).
+    replication: Replication | None
+
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...

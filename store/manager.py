@@ -36,6 +36,7 @@ from core.records import (
 )
 from policies.model import Retention
 from store.base import Connector, Row, StoreError, Tx
+from store.history import RecoveryWindow, Replication, replication_of
 from store.refusals import RefusalRecord
 from store.rows import effect_record, idempotency_record, lease_record, response_meta
 
@@ -62,6 +63,15 @@ class NewEffect:
 class Admitted:
     effect: EffectRecord
     resends: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UnknownKey:
+    """In the recovery window (store/history.py): the admission would forward a key the
+    store does not know, which the old primary may have applied. Nothing was recorded;
+    admit again with `key_cleared` once the upstream says it has not seen the key."""
+
+    window: RecoveryWindow
 
 
 @dataclass(frozen=True)
@@ -386,12 +396,17 @@ class Store:
     # -- effects --------------------------------------------------------------
 
     async def admit(
-        self, token_hash: str, new: NewEffect, clients: fencing.Clients = None
-    ) -> Admitted | Replay | Refusal:
+        self,
+        token_hash: str,
+        new: NewEffect,
+        clients: fencing.Clients = None,
+        key_cleared: bool = False,
+    ) -> Admitted | Replay | Refusal | UnknownKey:
         """Check the token (and, with `clients`, its client's standing: see `renew`) and
-        record the effect as DISPATCHING, in one transaction."""
+        record the effect as DISPATCHING, in one transaction. In the recovery window, a
+        key the store does not know is `UnknownKey` unless `key_cleared`."""
         decided = await self.connector.write(
-            self._admission(token_hash, new, clients), own_clock=True
+            self._admission(token_hash, new, clients, key_cleared), own_clock=True
         )
         if isinstance(decided, _Refused):
             # Counted once the transaction is over: a retried one must not count twice.
@@ -402,9 +417,9 @@ class Store:
         return decided
 
     def _admission(
-        self, token_hash: str, new: NewEffect, clients: fencing.Clients
-    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | _Refused]]:
-        async def operation(tx: Tx) -> Admitted | Replay | Refusal | _Refused:
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients, key_cleared: bool
+    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | UnknownKey | _Refused]]:
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal | UnknownKey | _Refused:
             # One statement reads it all, under the resource's lock (a round trip
             # each is what a fenced request costs on PostgreSQL).
             row = await tx.one(
@@ -445,6 +460,14 @@ class Store:
                     came_back = await _mark_came_back(tx, lease, decision.code)
                 return _Refused(decision, rejection, came_back)
             assert isinstance(decision, Admit) and lease is not None
+            window = self.recovery
+            if (
+                window is not None
+                and new.idempotency_key is not None
+                and existing is None
+                and not key_cleared
+            ):
+                return UnknownKey(window)
             effect = EffectRecord(
                 id=_new_effect_id(),
                 route=new.route,
@@ -920,6 +943,45 @@ class Store:
             return floor
 
         return await self.connector.write(operation)
+
+    @property
+    def recovery(self) -> RecoveryWindow | None:
+        """The recovery window after lost history (store/history.py), as last read: on
+        every new connection to the store, and by `refresh_recovery`."""
+        return self.connector.recovery
+
+    @property
+    def replication(self) -> Replication | None:
+        """What the PostgreSQL primary said of its standbys when last asked (None on
+        SQLite): on every new connection, and by `refresh_recovery`."""
+        return self.connector.replication
+
+    async def refresh_recovery(self) -> RecoveryWindow | None:
+        """Read the recovery window again (another replica's operator may have closed
+        it), and the replication state with it."""
+
+        async def operation(tx: Tx) -> tuple[RecoveryWindow | None, Replication | None]:
+            row = await tx.one("recovery_window")
+            assert row is not None
+            opened = row["recovery_opened_at"]
+            window = None
+            if opened is not None:
+                window = RecoveryWindow(float(opened), str(row["recovery_reason"]))
+            return window, replication_of(row)
+
+        self.connector.recovery, self.connector.replication = await self.connector.read(operation)
+        return self.connector.recovery
+
+    async def close_recovery(self) -> bool:
+        """Close the recovery window (an operator's decision: every key the store does
+        not know is new again); False if none was open."""
+
+        async def operation(tx: Tx) -> bool:
+            return await tx.execute("close_recovery_window") > 0
+
+        closed = await self.connector.write(operation)
+        self.connector.recovery = None
+        return closed
 
     async def now(self) -> float:
         """The authority's clock: lease expiry and settle windows are judged by it."""

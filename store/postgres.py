@@ -17,6 +17,7 @@ above the store sees asyncpg.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -25,9 +26,12 @@ from typing import Any
 import asyncpg
 
 from policies.model import StorePool
-from store import sqlstate
+from store import history, sqlstate
 from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
+from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
+
+log = logging.getLogger("fenceproxy")
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3
@@ -41,6 +45,34 @@ MIGRATION_TIMEOUT_S = 24 * 3600.0
 _NOW = (
     "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
     " FROM store_meta m, store_identity i"
+)
+# Where the database's history is (store/history.py), and the store's record of it: one
+# round trip, on every connection the pool opens (every reconnect) once migrated. A
+# standby answers no position: it takes no writes, and a write says so.
+_HISTORY = (
+    "SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
+    " ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile,"
+    " CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END AS lsn,"
+    " history_timeline, recovery_opened_at, recovery_reason, r.standbys, r.sync_states,"
+    " current_setting('synchronous_standby_names') AS synchronous_standby_names,"
+    " current_setting('synchronous_commit') AS synchronous_commit"
+    " FROM store_meta, (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states"
+    " FROM pg_stat_replication) r"
+)
+# The same without the WAL position, where the WAL functions are refused.
+_HISTORY_UNCHECKED = _HISTORY.replace(
+    "pg_walfile_name(pg_current_wal_lsn())", "NULL::text"
+).replace("pg_current_wal_lsn()::text", "NULL::text")
+_WAL_REFUSED = (
+    asyncpg.InsufficientPrivilegeError,
+    asyncpg.FeatureNotSupportedError,
+    asyncpg.UndefinedFunctionError,
+)
+# Read under the row lock by the replica that recovers, so that two replicas that found
+# the same loss recover it once.
+_HISTORY_LOCKED = (
+    "SELECT history_timeline, recovery_opened_at, recovery_reason,"
+    " extract(epoch FROM now())::float8 + clock_offset_s AS now FROM store_meta FOR UPDATE"
 )
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -230,6 +262,11 @@ async def _close_probe(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
+def _window(row: Any) -> RecoveryWindow | None:
+    opened = row["recovery_opened_at"]
+    return None if opened is None else RecoveryWindow(float(opened), str(row["recovery_reason"]))
+
+
 class PostgresConnector:
     def __init__(self, url: str, pool: StorePool | None = None) -> None:
         self.url = url
@@ -244,6 +281,14 @@ class PostgresConnector:
         # The store id seen at open; once a transaction finds another, for good.
         self.store_id: str | None = None
         self.lost: str | None = None
+        # The recovery window as last read from the store (store/history.py).
+        self.recovery: RecoveryWindow | None = None
+        self.replication: Replication | None = None
+        # The newest WAL position this process saw: a later one behind it went back.
+        self._seen: Position | None = None
+        # Connections opened before the migrations cannot read the history columns.
+        self._migrated = False
+        self._unchecked_said = False
 
     async def open(self) -> None:
         await check_server(self.url, self.pool)
@@ -262,6 +307,10 @@ class PostgresConnector:
                 reset=_keep_session,
             )
             await self.migrate()
+            self._migrated = True
+            async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
+                # The connections opened before the migrations are checked here.
+                await self._check_history(conn)
             self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
             self.lost = None
         except sqlstate.FAILURES as exc:
@@ -273,6 +322,95 @@ class PostgresConnector:
     async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
         assert isinstance(conn, CountingConnection)
         conn.round_trips = self.round_trips
+        if self._migrated:
+            # A new connection may reach another server than the last one did: a
+            # promoted standby behind the same address (issue 18 §1).
+            await self._check_history(conn)
+
+    async def _check_history(
+        self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+    ) -> None:
+        """Has the database lost what this store acknowledged? If so, recover at once
+        (raise every epoch, end every lease, open the recovery window) before this
+        connection serves anything; and note the recovery window either way."""
+        try:
+            row = await conn.fetchrow(_HISTORY)
+        except _WAL_REFUSED as exc:
+            # A role or a service that may not read the WAL position: no check.
+            self._warn_unchecked(exc)
+            row = await conn.fetchrow(_HISTORY_UNCHECKED)
+        assert row is not None
+        self.recovery = _window(row)
+        self.replication = history.replication_of(dict(row))
+        if row["walfile"] is None:
+            return
+        current = history.parse_position(row["walfile"], row["lsn"])
+        recorded = row["history_timeline"]
+        lost = history.judge(recorded, current, self._seen)
+        if lost is not None and (recorded != current.timeline or self.recovery is None):
+            await self._recover(conn, current, lost)
+        elif recorded is None:
+            await conn.execute(
+                "UPDATE store_meta SET history_timeline = $1 WHERE history_timeline IS NULL",
+                current.timeline,
+            )
+        if self._seen is None or current.timeline != self._seen.timeline:
+            self._seen = current
+        else:
+            self._seen = Position(current.timeline, max(current.lsn, self._seen.lsn))
+
+    def _warn_unchecked(self, exc: Exception) -> None:
+        if not self._unchecked_said:
+            self._unchecked_said = True
+            log.warning(
+                "the WAL position cannot be read (%s): a failover that lost history "
+                "cannot be detected; after one, run `fenceproxy store fence-restore` and "
+                "restart every replica",
+                exc,
+            )
+
+    async def _recover(
+        self,
+        conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
+        current: Position,
+        lost: str,
+    ) -> None:
+        """As `store fence-restore`, in one transaction with the recovery window opened:
+        every epoch past anything the old primary could have issued, every lease ended."""
+        async with conn.transaction():
+            row = await conn.fetchrow(_HISTORY_LOCKED)
+            assert row is not None
+            again = history.judge(row["history_timeline"], current, self._seen)
+            if again is None or (
+                row["history_timeline"] == current.timeline and row["recovery_opened_at"]
+            ):
+                # Another replica recovered first: its window is this one's too.
+                self.recovery = _window(row)
+                return
+            tx = PostgresTx(conn, self._queries, float(row["now"]))
+            await tx.execute("lock_all_resources")
+            floors = await tx.one("epoch_floor_and_max")
+            assert floors is not None
+            floor = max(int(floors["epoch_floor"]), int(floors["max_epoch"]))
+            floor += FAILOVER_EPOCH_ADVANCE
+            await tx.execute("set_epoch_floor", floor=floor)
+            await tx.execute("advance_all_epochs", floor=floor)
+            await tx.execute("end_all_leases", now=tx.now, reason="failover")
+            await tx.execute("mark_fenced", now=tx.now)
+            await conn.execute(
+                "UPDATE store_meta SET history_timeline = $1, recovery_opened_at = $2,"
+                " recovery_reason = $3",
+                current.timeline,
+                tx.now,
+                lost,
+            )
+        self.recovery = RecoveryWindow(tx.now, lost)
+        log.warning(
+            "the store lost history (%s): every epoch was raised to %d, every lease ended, "
+            "and the recovery window opened",
+            lost,
+            floor,
+        )
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -529,3 +529,19 @@ SELECT * FROM fenceproxy_receipt(
     :store_id, :id, :resource, :expected, :state, :upstream_status, :reason, :probe_now,
     :key_action, :idempotency_key, :fingerprint, :epoch, :default_retain_s,
     :status, :headers, :body, :key_settled_by, :kind, :actor, :conclusion)
+
+-- recovery_window --
+-- Issue 18 §1: the recovery window after lost history (store/history.py); NULL: closed.
+-- And what the primary says of its standbys (any role sees their rows and the
+-- settings; their sync_state needs pg_read_all_stats, else NULL).
+SELECT m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
+    current_setting('synchronous_standby_names') AS synchronous_standby_names,
+    current_setting('synchronous_commit') AS synchronous_commit
+FROM store_meta m,
+    (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states
+     FROM pg_stat_replication) r
+
+-- close_recovery_window --
+UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
+WHERE recovery_opened_at IS NOT NULL
+

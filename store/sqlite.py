@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from store.base import Operation, Row, StoreError, StoreUnavailable, T
+from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
 MAX_BATCH = 256
@@ -272,6 +273,10 @@ class SQLiteConnector:
         # identity then; set once a check finds one deleted or replaced, for good.
         self._files: dict[Path, FileIdentity] = {}
         self.lost: str | None = None
+        # Never opened by this backend, which has no standby; an operator may close one
+        # left by a store copied from PostgreSQL's records (Store.refresh_recovery).
+        self.recovery: RecoveryWindow | None = None
+        self.replication: Replication | None = None
 
     def _connect(self, *pragmas: str) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None)

@@ -504,3 +504,14 @@ ON CONFLICT (resource, key) DO UPDATE SET
 -- receipt --
 -- Nothing to save here: a receipt is a few statements in a transaction that costs no
 -- round trips, so this block is empty and the receipt is recorded step by step.
+
+-- recovery_window --
+-- Issue 18 §1 (see postgres.sql): never opened on SQLite, which has no standby.
+SELECT recovery_opened_at, recovery_reason, NULL AS standbys, NULL AS sync_states,
+    NULL AS synchronous_standby_names, NULL AS synchronous_commit
+FROM store_meta
+
+-- close_recovery_window --
+UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
+WHERE recovery_opened_at IS NOT NULL
+

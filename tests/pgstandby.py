@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -112,6 +113,63 @@ class StandbyPair:
             self._stop()
             raise
         return self
+
+    def wait_caught_up(self) -> None:
+        """Return once the standby has replayed everything the primary wrote so far."""
+        target = self._psql(self.primary_port, "SELECT pg_current_wal_lsn()")
+        caught_up = f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while self._psql(self.standby_port, caught_up) != "t":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the standby did not catch up")
+            time.sleep(0.05)
+
+    def make_synchronous(self) -> None:
+        """Make every commit on the primary wait for the standby (`synchronous_commit`
+        is `on` by default)."""
+        self.configure_primary(synchronous_standby_names="*")
+
+    def configure_primary(self, **settings: str) -> None:
+        """ALTER SYSTEM SET each setting on the primary, then reload its configuration."""
+        for name, value in settings.items():
+            self._psql(self.primary_port, f"ALTER SYSTEM SET {name} = '{value}'")
+        self._psql(self.primary_port, "SELECT pg_reload_conf()")
+
+    def detach_standby(self) -> None:
+        """Cut the standby off its primary, as a link that lags: what the primary
+        commits from now on is not on the standby when it is promoted (issue 18 §1).
+        (A paused replay would not do: a promotion replays what was received.) Returns
+        once the primary has no WAL sender left."""
+        self._psql(self.standby_port, "ALTER SYSTEM SET primary_conninfo = ''")
+        self._psql(self.standby_port, "SELECT pg_reload_conf()")
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while self._psql(self.primary_port, "SELECT count(*) FROM pg_stat_replication") != "0":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the primary still streams to the standby")
+            time.sleep(0.05)
+
+    def _psql(self, port: int, sql: str) -> str:
+        argv = [
+            str(self._bin / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+            "-d", "postgres", "-Atc", sql,
+        ]  # fmt: skip
+        done = subprocess.run(
+            argv, check=True, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+        return done.stdout.strip()
+
+    def crash_primary(self) -> None:
+        """Stop the primary hard, as a machine that dies: `-m immediate`."""
+        assert self._dir is not None
+        primary = self._dir / "primary"
+        self._run("pg_ctl", "-D", str(primary), "-m", "immediate", "-w", "stop")
+        self._started.remove(primary)
+
+    def promote(self) -> None:
+        """Promote the standby (a paused replay is left where it is: what it had not
+        replayed is lost), and wait until it takes writes."""
+        assert self._dir is not None
+        self._run("pg_ctl", "-D", str(self._dir / "standby"), "-w", "promote")
 
     def _stop(self) -> None:
         for data in reversed(self._started):

@@ -45,7 +45,7 @@ from core.outcomes import Answered, DispatchResult, receipt_event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from policies import Route, StorePool
-from store import Admitted, NewEffect, Store, open_store
+from store import Admitted, NewEffect, Store, UnknownKey, open_store
 
 Backend = Literal["sqlite", "postgres"]
 
@@ -304,6 +304,8 @@ class Replica:
             return Replayed(
                 record.effect_id, record.effect_state.value, record.response is not None
             )
+        # The simulated store never loses history: no recovery window opens.
+        assert not isinstance(decision, UnknownKey)
         return Refused(decision.code)
 
     async def finish(

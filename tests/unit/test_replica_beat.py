@@ -26,6 +26,10 @@ class Rows:
 
     def __init__(self) -> None:
         self.written: list[tuple[str, float, float | None, float | None]] = []
+        self.recovery_reads = 0
+
+    async def refresh_recovery(self) -> None:
+        self.recovery_reads += 1
 
     async def record_replica(
         self, version: str, up_s: float, sweep_age_s: float | None, probe_age_s: float | None
@@ -34,7 +38,7 @@ class Rows:
 
 
 def _reconciler(rows: Rows, clock: Clock) -> Reconciler:
-    # beat() touches nothing but the store's record_replica.
+    # beat() touches nothing but the store's record_replica and refresh_recovery.
     return Reconciler(
         cast(Store, rows),
         cast(aiohttp.ClientSession, None),
@@ -69,3 +73,17 @@ async def test_the_row_carries_uptime_and_the_ages_of_the_last_sweep_and_probe()
     clock.now += REPLICA_BEAT_INTERVAL_S
     await reconciler.beat()
     assert rows.written[-1] == ("1.2.3", 30.0 + REPLICA_BEAT_INTERVAL_S, 5.5, 9.0)
+
+
+async def test_each_beat_reads_the_recovery_window_again() -> None:
+    """An operator may close it through another replica: this one stops refusing
+    unknown keys within a beat."""
+    rows, clock = Rows(), Clock()
+    reconciler = _reconciler(rows, clock)
+    await reconciler.beat()
+    clock.now += REPLICA_BEAT_INTERVAL_S / 2
+    await reconciler.beat()
+    assert rows.recovery_reads == 1
+    clock.now += REPLICA_BEAT_INTERVAL_S
+    await reconciler.beat()
+    assert rows.recovery_reads == 2

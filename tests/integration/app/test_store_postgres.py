@@ -18,7 +18,7 @@ import pytest
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal
-from store import Admitted, NewEffect, Store, open_store
+from store import Admitted, NewEffect, Store, UnknownKey, open_store
 from store.queries import load_migrations
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
@@ -31,7 +31,7 @@ from tests.integration.app.test_store_contract import (
     running_store,
 )
 
-AdmitResult = Admitted | Replay | Refusal
+AdmitResult = Admitted | Replay | Refusal | UnknownKey
 
 
 @pytest.fixture
