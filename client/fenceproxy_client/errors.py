@@ -249,6 +249,14 @@ class ExpectationFailed(FenceError):
     code = "expectation_failed"
 
 
+class RecoveryWindow(FenceError):
+    """The store lost history in a failover and this idempotency key is not in it: it may
+    have been applied before. Nothing was sent. Retry after `retry_after_s`; on a route
+    without a probe, until an operator closes the recovery window."""
+
+    code = "recovery_window"
+
+
 def _by_code() -> dict[str, type[FenceError]]:
     return {cls.code: cls for cls in FenceError.__subclasses__()}
 

@@ -217,6 +217,13 @@ async def test_failover_to_a_lagging_async_standby_keeps_every_promise(
             effect["idempotency_key"].split(".")[0]
         )
     assert {k: v for k, v in holders_of.items() if len(v) > 1} == {}
+    # No epoch going back at the upstream: a write it took after another on the same
+    # target never carries a lower epoch (the stale write, A@1 after B@2).
+    last_epoch: dict[str, int] = {}
+    for effect in upstream:
+        epoch = int(effect["fence_epoch"])
+        assert epoch >= last_epoch.get(effect["target"], 0), (effect, last_epoch)
+        last_epoch[effect["target"]] = epoch
     # Every acknowledged write is known, or recovered: told applied or refused.
     for key in acknowledged:
         assert applied[key] == 1, key
