@@ -1215,14 +1215,17 @@ async def _collect_resources(tx: Tx, leased: set[str], batch: int) -> int:
     locked = await tx.all("lock_resources", resources=_json(leased))
     names = {row["resource"] for row in locked}
     room = batch - len(leased)
+    swept_to: str | None = None
     if room > 0:
         swept = [row["resource"] for row in await tx.all("sweep_resources", limit=room)]
         # Past the last row the sweep starts again from the first ('' sorts first).
-        await tx.execute("set_resources_swept_to", resource=swept[-1] if len(swept) >= room else "")
+        swept_to = swept[-1] if len(swept) >= room else ""
         names.update(swept)
-    if not names:
-        return 0
-    deleted = await tx.all("delete_unreferenced_resources", resources=_json(names))
+    deleted = await tx.all("delete_unreferenced_resources", resources=_json(names)) if names else []
+    # store_meta's row last: every clock move and floor raise waits for its lock, so it
+    # is held for the end of the transaction only, not for the deletes.
+    if swept_to is not None:
+        await tx.execute("set_resources_swept_to", resource=swept_to)
     if deleted:
         await tx.execute("raise_epoch_floor", floor=max(int(row["epoch"]) for row in deleted))
     return len(deleted)
