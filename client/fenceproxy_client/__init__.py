@@ -12,13 +12,14 @@ sends a write twice. See README.md.
 
 from fenceproxy_client import errors
 from fenceproxy_client._async import AsyncFenceClient, AsyncLease, AsyncLeaseScope
-from fenceproxy_client._common import new_key
+from fenceproxy_client._common import EffectStatus, new_key
 from fenceproxy_client._sync import FenceClient, Lease, LeaseScope
 
 __all__ = [
     "AsyncFenceClient",
     "AsyncLease",
     "AsyncLeaseScope",
+    "EffectStatus",
     "FenceClient",
     "Lease",
     "LeaseScope",

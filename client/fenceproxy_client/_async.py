@@ -20,6 +20,7 @@ from fenceproxy_client._common import (
     SETTLE_POLL_S,
     SETTLED_STATES,
     Cert,
+    EffectStatus,
     Grant,
     LeaseNeeds,
     LeaseState,
@@ -152,17 +153,24 @@ class AsyncFenceClient:
                 self, grant, token, ttl_s or grant.ttl_s, renew, progress_timeout_s, on_lost
             )
 
+    async def effect(self, effect_id: str) -> EffectStatus:
+        """See `FenceClient.effect`."""
+        return await self._effect(effect_id, reader_headers(self._admin_token, self._api_key))
+
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """See `FenceClient.wait_settled`."""
         return await self._wait_settled(
             effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
         )
 
+    async def _effect(self, effect_id: str, headers: dict[str, str]) -> EffectStatus:
+        response = await self._http.get(f"{API}/effects/{effect_id}", headers=headers)
+        return EffectStatus.read(checked(response, True, time.time()).json())
+
     async def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
-            response = await self._http.get(f"{API}/effects/{effect_id}", headers=headers)
-            state = str(checked(response, True, time.time()).json()["state"])
+            state = (await self._effect(effect_id, headers)).state
             if state in SETTLED_STATES:
                 return state
             remaining = deadline - time.monotonic()
@@ -373,6 +381,10 @@ class AsyncLease:
         if renewer is not None and renewer is not asyncio.current_task():
             await renewer
         await self._client._release(self.token)
+
+    async def effect(self, effect_id: str) -> EffectStatus:
+        """See `Lease.effect`."""
+        return await self._client._effect(effect_id, {"Fence-Token": self.token})
 
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """See `Lease.wait_settled`."""

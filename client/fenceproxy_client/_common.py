@@ -171,6 +171,39 @@ def tls_settings(verify: Verify, cert: Cert | None, trust_env: bool) -> ssl.SSLC
 
 
 @dataclass(frozen=True)
+class EffectStatus:
+    """An effect as the proxy's record has it now (`GET /_fence/v1/effects/{id}`).
+
+    `next_probe_at` (the proxy's clock, Unix seconds) is when the proxy asks the
+    upstream next; None while the effect is in doubt means no probe is scheduled (the
+    route has none, or it gave up), so only an operator settles it."""
+
+    id: str
+    state: str
+    settled_by: str | None
+    probe_attempts: int
+    next_probe_at: float | None
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED_STATES
+
+    @classmethod
+    def read(cls, body: Any) -> EffectStatus:
+        if not isinstance(body, dict):
+            raise ValueError("the proxy's effect answer is not a JSON object")
+        next_probe_at = body.get("next_probe_at")
+        settled_by = body.get("settled_by")
+        return cls(
+            id=str(body["id"]),
+            state=str(body["state"]),
+            settled_by=None if settled_by is None else str(settled_by),
+            probe_attempts=int(body.get("probe_attempts") or 0),
+            next_probe_at=None if next_probe_at is None else float(next_probe_at),
+        )
+
+
+@dataclass(frozen=True)
 class Grant:
     """An acquire or renew answer, with the local (monotonic) time its ttl ends."""
 

@@ -18,6 +18,7 @@ from fenceproxy_client._common import (
     SETTLE_POLL_S,
     SETTLED_STATES,
     Cert,
+    EffectStatus,
     Grant,
     LeaseNeeds,
     LeaseState,
@@ -144,6 +145,11 @@ class FenceClient:
                 self, grant, token, ttl_s or grant.ttl_s, renew, progress_timeout_s, on_lost
             )
 
+    def effect(self, effect_id: str) -> EffectStatus:
+        """The effect as the proxy has it now, read with the admin token, else the client
+        key (whose client needs the `read` right on the effect's resource)."""
+        return self._effect(effect_id, reader_headers(self._admin_token, self._api_key))
+
     def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """Poll the effect (with the admin token) until reconciliation settles it:
         COMMITTED or NOT_COMMITTED. TimeoutError if it is still in doubt at `timeout_s`."""
@@ -151,11 +157,14 @@ class FenceClient:
             effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
         )
 
+    def _effect(self, effect_id: str, headers: dict[str, str]) -> EffectStatus:
+        response = self._http.get(f"{API}/effects/{effect_id}", headers=headers)
+        return EffectStatus.read(checked(response, True, time.time()).json())
+
     def _wait_settled(self, effect_id: str, timeout_s: float, headers: dict[str, str]) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
-            response = self._http.get(f"{API}/effects/{effect_id}", headers=headers)
-            state = str(checked(response, True, time.time()).json()["state"])
+            state = (self._effect(effect_id, headers)).state
             if state in SETTLED_STATES:
                 return state
             remaining = deadline - time.monotonic()
@@ -368,6 +377,11 @@ class Lease:
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join()
         self._client._release(self.token)
+
+    def effect(self, effect_id: str) -> EffectStatus:
+        """The effect as the proxy has it now, read with this lease's token (an effect on
+        this lease's resource; also after the lease ended)."""
+        return self._client._effect(effect_id, {"Fence-Token": self.token})
 
     def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         """Poll an effect on this lease's resource (read with this lease's token) until

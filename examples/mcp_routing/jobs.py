@@ -96,6 +96,9 @@ class Outcome:
     job_state: str
     detail: str | None = None
     effect_id: str | None = None  # the job's own write in doubt, when it is blocked on it
+    # Its probe schedule as the proxy had it when the job blocked, when it could be read:
+    # {"next_probe_at": T} (the proxy's clock) or {"next_probe_at": None} (none scheduled).
+    probe_schedule: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,24 +111,48 @@ class BlockedJob:
     effect_id: str | None  # None: blocked by someone else's effect; nothing was written
 
 
-def blocked_next_step(effect_id: str | None, recheck_at: float | None) -> str:
-    """What a blocked job's result says happens next, for the model to relay."""
+def _utc(at: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+
+
+def blocked_next_step(
+    effect_id: str | None, recheck_at: float | None, result: dict[str, Any] | None = None
+) -> str:
+    """What a blocked job's result says happens next, for the model to relay; `result`
+    is the job's result, whose `next_probe_at` (when present) is the probe schedule."""
     looks_again = "It looks again at the settlement periodically"
     if recheck_at is not None:
-        looks_again += f" (next at {time.strftime('%H:%M:%S UTC', time.gmtime(recheck_at))})"
+        looks_again += f" (next at {_utc(recheck_at)})"
     looks_again += ", or at once with retry_job."
     if effect_id is None:
         return (
             "Nothing of this job was sent. Another write to the rule is in doubt at the"
             " proxy; once it is settled, this job runs. " + looks_again
         )
+    resolve = (
+        f"`fenceproxy reconcile resolve {effect_id} --outcome committed --reason ...`"
+        " (or `--outcome not-committed`)"
+    )
+    schedule = {} if result is None else result
+    if "next_probe_at" not in schedule:
+        settles = (
+            "the proxy settles it by probe if the route has one; otherwise an operator"
+            f" checks the upstream and runs {resolve}."
+        )
+    elif (probe_at := schedule["next_probe_at"]) is None:
+        settles = (
+            "the proxy has no probe scheduled for it (the route has none, or its probes"
+            f" gave up), so an operator must check the upstream and run {resolve}."
+        )
+    else:
+        settles = (
+            f"the proxy asks the upstream about it at {_utc(probe_at)} (its probe) and"
+            f" settles it by the answer; an operator may settle it sooner with {resolve}."
+        )
     return (
         f"Nothing will be resent. The write (effect {effect_id}) may or may not have"
-        " landed: the proxy settles it by probe if the route has one; otherwise an"
-        " operator checks the upstream and runs `fenceproxy reconcile resolve"
-        f" {effect_id} --outcome committed --reason ...` (or `--outcome not-committed`)."
-        " This job follows the"
-        " settlement: committed is done, not committed runs once more. " + looks_again
+        f" landed: {settles} This job follows the settlement: committed is done, not"
+        " committed runs once more. " + looks_again
     )
 
 
@@ -274,9 +301,11 @@ class JobStore:
         retry_at = {PENDING: now + RETRY_DELAY_S, BLOCKED: now + self._blocked_recheck_s}.get(
             job_state
         )
-        result = {"outcome": outcome.outcome, "detail": detail}
+        result: dict[str, Any] = {"outcome": outcome.outcome, "detail": detail}
         if outcome.effect_id is not None:
             result["effect_id"] = outcome.effect_id
+        if outcome.probe_schedule is not None:
+            result.update(outcome.probe_schedule)
         current = db.execute(
             "UPDATE jobs SET state = ?, result = ?, claimed_by = NULL,"
             " claim_expires_at = NULL, retry_at = ?, updated_at = ?"
@@ -467,7 +496,7 @@ class JobStore:
             return None
         result = None if job["result"] is None else json.loads(job["result"])
         if result is not None and job["state"] == BLOCKED:
-            result["next"] = blocked_next_step(result.get("effect_id"), job["retry_at"])
+            result["next"] = blocked_next_step(result.get("effect_id"), job["retry_at"], result)
         return {
             "job_id": job["job_id"],
             "rule_id": job["rule_id"],

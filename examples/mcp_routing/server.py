@@ -97,6 +97,11 @@ class JobResult(BaseModel):
     effect_id: str | None = Field(
         default=None, description="the job's write in doubt at the proxy, when it is blocked"
     )
+    next_probe_at: float | None = Field(
+        default=None,
+        description="for a job blocked on its write: when the proxy probes it next (Unix"
+        " seconds); null when no probe is scheduled, so an operator must settle it",
+    )
     next: str | None = Field(default=None, description="for a blocked job: what happens next")
 
 

@@ -14,6 +14,7 @@ claim turned out to be stale: the supervisor has already started its replacement
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -166,7 +167,19 @@ def _await_settlement(
         except TimeoutError:
             continue
         return outcome_of_settlement(doubt.effect_id, state)
-    return outcome_of_refusal(doubt)
+    return _blocked_with_schedule(lease, doubt)
+
+
+def _blocked_with_schedule(lease: Lease, doubt: errors.OutcomeUnknown) -> Outcome:
+    """The job blocks on its write in doubt; its result carries when the proxy probes it
+    next (or that no probe will), so the job can say how it will be settled."""
+    blocked = outcome_of_refusal(doubt)
+    try:
+        effect = lease.effect(doubt.effect_id)
+    except (errors.FenceError, httpx.TransportError) as exc:
+        log.warning("effect %s: its probe schedule could not be read: %s", doubt.effect_id, exc)
+        return blocked
+    return dataclasses.replace(blocked, probe_schedule={"next_probe_at": effect.next_probe_at})
 
 
 def _read_rule(lease: Lease, path: str) -> dict[str, Any]:

@@ -130,6 +130,13 @@ async def test_a_lost_answer_is_outcome_unknown_and_settles_committed(stack: Sta
         effect_id = unknown.value.effect_id
         assert await lease.wait_settled(effect_id, timeout_s=WAIT_S) == "COMMITTED"
         assert await client.wait_settled(effect_id, timeout_s=WAIT_S) == "COMMITTED"
+        by_lease, by_admin = await lease.effect(effect_id), await client.effect(effect_id)
+        assert by_lease == by_admin
+        assert (by_lease.state, by_lease.settled_by, by_lease.next_probe_at) == (
+            "COMMITTED",
+            "probe",
+            None,
+        )
     assert stack.upstream_orders() == 1
 
 

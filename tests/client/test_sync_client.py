@@ -140,8 +140,11 @@ def test_the_admin_client_waits_for_any_effect(stack: Stack) -> None:
     assert lost.status == 504, lost
     with FenceClient(stack.proxy_url, admin_token=stack.admin_token) as admin:
         assert admin.wait_settled(lost.body["effect_id"], timeout_s=WAIT_S) == "COMMITTED"
+        assert admin.effect(lost.body["effect_id"]).state == "COMMITTED"
     with FenceClient(stack.proxy_url) as anonymous, pytest.raises(ValueError):
         anonymous.wait_settled(lost.body["effect_id"], timeout_s=WAIT_S)
+    with FenceClient(stack.proxy_url) as anonymous, pytest.raises(ValueError):
+        anonymous.effect(lost.body["effect_id"])
 
 
 def test_waiting_for_a_blocked_resource_acquires_once_it_is_settled(stack: Stack) -> None:
@@ -162,6 +165,17 @@ def test_waiting_for_a_blocked_resource_acquires_once_it_is_settled(stack: Stack
             effect_id = unknown.value.effect_id
             with pytest.raises(TimeoutError):
                 first.wait_settled(effect_id, timeout_s=0.2)
+            # In doubt, with the proxy's probe schedule: the route has a probe.
+            doubt = first.effect(effect_id)
+            recorded = stack.effect(effect_id)
+            assert (doubt.id, doubt.state, doubt.settled, doubt.settled_by) == (
+                effect_id,
+                recorded["state"],
+                False,
+                None,
+            )
+            assert doubt.next_probe_at is not None
+            assert doubt.next_probe_at >= recorded["created_at"]
         with pytest.raises(errors.ResourceBlocked) as blocked:
             client.acquire(ORDER_RESOURCE, "worker-b", wait_s=0.0)
         assert blocked.value.effect_ids == [effect_id]
@@ -169,6 +183,14 @@ def test_waiting_for_a_blocked_resource_acquires_once_it_is_settled(stack: Stack
             assert successor.epoch == first.epoch + 1
             assert stack.effect(effect_id)["state"] == "COMMITTED"
         assert first.wait_settled(effect_id, timeout_s=WAIT_S) == "COMMITTED"
+        settled = first.effect(effect_id)
+        assert (settled.state, settled.settled, settled.settled_by, settled.next_probe_at) == (
+            "COMMITTED",
+            True,
+            "probe",
+            None,
+        )
+        assert settled.probe_attempts >= 1
     refused = [r for r in stack.rejections(ORDER_RESOURCE) if r["code"] == "resource_blocked"]
     assert sum(r["count"] for r in refused) >= 2, refused
     assert stack.upstream_orders() == 1

@@ -20,6 +20,7 @@ from examples.mcp_routing.jobs import (
     RUNNING,
     JobStore,
     Outcome,
+    blocked_next_step,
 )
 
 CLAIM_TTL_S = 2.0
@@ -247,6 +248,42 @@ def test_only_pending_or_blocked_jobs_are_cancelled(jobs: JobStore, clock: FakeC
     assert status is not None and status["state"] == CANCELLED
     assert jobs.claim("w2", 12, CLAIM_TTL_S) is None
     assert jobs.retry(running) == "the job is running: only a failed or cancelled job is retried"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "says", "never_says"),
+    [
+        # The probe schedule could not be read: both ways are named.
+        ({}, "settles it by probe if the route has one", "no probe scheduled"),
+        # The route has no probe, or its probes gave up: only an operator settles it.
+        ({"next_probe_at": None}, "no probe scheduled for it", "asks the upstream about it"),
+        # A probe is due: its time, and that an operator may settle it sooner.
+        (
+            {"next_probe_at": 1_000_042.0},
+            "asks the upstream about it at 13:47:22 UTC (its probe)",
+            "no probe scheduled",
+        ),
+    ],
+)
+def test_a_blocked_result_says_how_its_write_will_be_settled(
+    tmp_path: Path, clock: FakeClock, schedule: dict[str, float | None], says: str, never_says: str
+) -> None:
+    jobs = JobStore(tmp_path, clock, blocked_recheck_s=5.0)
+    try:
+        job_id = jobs.enqueue("r1", "eu-west")
+        claim = jobs.claim("w1", 11, CLAIM_TTL_S)
+        assert claim is not None
+        blocked = Outcome("outcome_unknown", BLOCKED, "effect eff-1 in doubt", "eff-1", schedule)
+        jobs.finish(claim, blocked)
+        status = jobs.status(job_id)
+        assert status is not None
+        result = status["result"]
+        assert {k: v for k, v in result.items() if k == "next_probe_at"} == schedule
+        assert says in result["next"] and never_says not in result["next"], result["next"]
+        assert "reconcile resolve eff-1" in result["next"]
+        assert result["next"] == blocked_next_step("eff-1", clock.now + 5.0, result)
+    finally:
+        jobs.close()
 
 
 def test_a_blocked_job_follows_its_settlement(tmp_path: Path, clock: FakeClock) -> None:

@@ -338,6 +338,11 @@ async def test_a_write_left_in_doubt_blocks_the_job_and_is_not_resent(
         # What happens next, for the model to relay.
         assert result["next"].startswith("Nothing will be resent."), result
         assert f"fenceproxy reconcile resolve {effect_id}" in result["next"], result
+        # The rule route has no probe: the proxy's record schedules none, and the job says
+        # that only an operator settles the write.
+        assert result["next_probe_at"] is None
+        assert stack.effect(effect_id)["next_probe_at"] is None
+        assert "the proxy has no probe scheduled for it" in result["next"], result
         assert [(a["outcome"], a["epoch"]) for a in status["attempts"]] == [
             ("outcome_unknown", 1)
         ], status

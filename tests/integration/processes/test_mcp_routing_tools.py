@@ -134,6 +134,7 @@ async def test_an_answer_the_worker_cannot_read_fails_the_job_with_the_reason(
         "outcome": "worker_error",
         "detail": f"KeyError: 'rule' ({MAX_SAME_FAILURES} attempts in a row ended so)",
         "effect_id": None,
+        "next_probe_at": None,
         "next": None,
     }, status
     assert [(a["outcome"], a["detail"]) for a in status["attempts"]] == [
@@ -196,6 +197,7 @@ async def test_a_blocked_job_follows_its_settlement_when_the_model_asks(
             "outcome": "written",
             "detail": f"effect {effect_id} settled COMMITTED",
             "effect_id": None,
+            "next_probe_at": None,
             "next": None,
         }, followed
 
