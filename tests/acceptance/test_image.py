@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from demo.upstream import demo_upstream_argv
 from devtools.image import CONFIG, PORT, STATE_DIR, VENV
 from support.processes import ManagedProcess, free_port
+from tests.acceptance.installed import fenced_order_goes_through
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -139,27 +139,9 @@ def test_serve_from_the_image_answers_readyz_and_fences_a_write(
     ) as proxy:
         base = f"http://127.0.0.1:{port}"
         proxy.wait_http_ok(f"{base}/_fence/readyz", STARTUP_TIMEOUT_S)
-        lease = post(f"{base}/_fence/v1/leases", {"resource": "supplier:widget", "holder": "w"})
-        order = post(
-            f"{base}/orders/widget",
-            {"qty": 1},
-            {"Fence-Token": lease["token"], "Idempotency-Key": "image-1"},
-        )
-        assert order["sku"] == "widget", order
+        fenced_order_goes_through(base, "image-1")
     # The store is on the image's volume, written by the image's user.
     store = rootfs / STATE_DIR.lstrip("/") / "fenceproxy.db"
     assert store.exists()
     owner = store.stat().st_uid
     assert owner == (rootfs / STATE_DIR.lstrip("/")).stat().st_uid != 0
-
-
-def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 201, answer.status
-        return json.loads(answer.read())

@@ -10,21 +10,19 @@ its own process and one fenced write through it.
 
 from __future__ import annotations
 
-import json
 import shutil
 import site
 import subprocess
 import sys
-import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from demo.run_example import write_config
 from demo.upstream import demo_upstream_argv
 from support.processes import ManagedProcess, free_port
+from tests.acceptance.installed import fenced_order_goes_through
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,22 +116,4 @@ def test_the_installed_proxy_runs_outside_the_checkout(installed: Path, tmp_path
         up.wait_http_ok(f"http://127.0.0.1:{upstream_port}/_demo/healthz", STARTUP_TIMEOUT_S)
         proxy.wait_http_ok(f"http://127.0.0.1:{port}/_fence/readyz", STARTUP_TIMEOUT_S)
         base = f"http://127.0.0.1:{port}"
-        lease = call(f"{base}/_fence/v1/leases", {"resource": "supplier:widget", "holder": "w"})
-        order = call(
-            f"{base}/orders/widget",
-            {"qty": 1},
-            {"Fence-Token": lease["token"], "Idempotency-Key": "wheel-1"},
-        )
-        assert order["sku"] == "widget", order
-
-
-def call(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 201, answer.status
-        return json.loads(answer.read())
+        fenced_order_goes_through(base, "wheel-1")
