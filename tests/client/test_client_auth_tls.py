@@ -17,15 +17,14 @@ import httpx
 import pytest
 from fenceproxy_client import AsyncFenceClient, FenceClient, errors, new_key
 
-from tests.certificates import TestCA
 from tests.integration.processes.conftest import Stack, StackOptions, _start_stack, http_call
 from tests.integration.processes.test_tls import (
     CERT_CLIENTS,
     Certificates,
     TlsStack,
-    client_context,
+    make_certificates,
     start_mutual_tls,
-    start_stack,
+    start_tls_listener,
 )
 
 KEY_ENV = "FENCEPROXY_KEY_SUPPLIER"
@@ -45,21 +44,6 @@ def auth_stack(tmp_path: Path) -> Iterator[Stack]:
     yield from _start_stack(tmp_path, StackOptions(top_level=AUTH, env=((KEY_ENV, KEY),)))
 
 
-def make_certificates(folder: Path) -> Certificates:
-    proxy_ca, upstream_ca, stranger_ca = (
-        TestCA(folder, name) for name in ("proxy", "upstream", "stranger")
-    )
-    return Certificates(
-        proxy_ca,
-        upstream_ca,
-        stranger_ca,
-        proxy_ca.server("proxy-server"),
-        upstream_ca.server("upstream-server"),
-        proxy_ca.client("worker-7"),
-        stranger_ca.client("intruder"),
-    )
-
-
 @pytest.fixture
 def certificates(tmp_path: Path) -> Certificates:
     return make_certificates(tmp_path / "tls")
@@ -67,14 +51,7 @@ def certificates(tmp_path: Path) -> Certificates:
 
 @pytest.fixture
 def tls_listener(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
-    yield from start_stack(
-        tmp_path,
-        listen_tls={"cert": "tls/proxy-server.pem", "key": "tls/proxy-server-key.pem"},
-        upstream_tls=None,
-        supplier_ca_bundle=None,
-        client_tls=client_context(certificates.proxy_ca),
-        upstream_ca=None,
-    )
+    yield from start_tls_listener(tmp_path, certificates)
 
 
 @pytest.fixture

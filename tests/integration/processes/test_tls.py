@@ -135,12 +135,10 @@ class Certificates:
     stranger: Issued
 
 
-@pytest.fixture
-def certificates(tmp_path: Path) -> Certificates:
-    folder = tmp_path / "tls"
-    proxy_ca = TestCA(folder, "proxy")
-    upstream_ca = TestCA(folder, "upstream")
-    stranger_ca = TestCA(folder, "stranger")
+def make_certificates(folder: Path) -> Certificates:
+    proxy_ca, upstream_ca, stranger_ca = (
+        TestCA(folder, name) for name in ("proxy", "upstream", "stranger")
+    )
     return Certificates(
         proxy_ca,
         upstream_ca,
@@ -150,6 +148,11 @@ def certificates(tmp_path: Path) -> Certificates:
         proxy_ca.client("worker-7"),
         stranger_ca.client("intruder"),
     )
+
+
+@pytest.fixture
+def certificates(tmp_path: Path) -> Certificates:
+    return make_certificates(tmp_path / "tls")
 
 
 @dataclass
@@ -271,8 +274,8 @@ def start_stack(
 # -- the listener ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tls_listener(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+def start_tls_listener(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+    """The proxy's listener on TLS with a certificate of the proxy's private CA."""
     yield from start_stack(
         tmp_path,
         listen_tls={"cert": "tls/proxy-server.pem", "key": "tls/proxy-server-key.pem"},
@@ -281,6 +284,11 @@ def tls_listener(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStac
         client_tls=client_context(certificates.proxy_ca),
         upstream_ca=None,
     )
+
+
+@pytest.fixture
+def tls_listener(tmp_path: Path, certificates: Certificates) -> Iterator[TlsStack]:
+    yield from start_tls_listener(tmp_path, certificates)
 
 
 def test_a_client_trusting_the_proxys_ca_acquires_and_writes_over_tls(
