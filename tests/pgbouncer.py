@@ -24,10 +24,9 @@ from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
-
 from support.processes import ManagedProcess, free_port
 from tests import pg
+from tests.needs import missing
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 STARTUP_TIMEOUT_S = 15.0
@@ -40,10 +39,7 @@ def require_pgbouncer() -> str:
     """The pgbouncer executable; skips the test without it, or fails it under CI."""
     if os.access(PGBOUNCER, os.X_OK):
         return PGBOUNCER
-    reason = "pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    missing("pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)")
 
 
 class Bouncer:

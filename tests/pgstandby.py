@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import pytest
-
 from support.processes import free_port
+from tests.needs import missing
 
 COMMAND_TIMEOUT_S = 60.0
 
@@ -46,10 +45,7 @@ def require_postgres_bin() -> Path:
     found = postgres_bin()
     if found is not None and (found / "initdb").exists():
         return found
-    reason = "PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are not installed"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    missing("PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are not installed")
 
 
 class StandbyPair:

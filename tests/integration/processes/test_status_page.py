@@ -11,7 +11,6 @@ tmp_path (docs/status-page.png in the README is one of them).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.integration.processes.conftest import Stack, http_call
+from tests.needs import missing
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -48,12 +48,9 @@ def _browser_missing() -> str | None:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    missing = _browser_missing()
-    if missing is not None:
-        # CI must run these: a missing browser there is a broken setup, not a skip.
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    absent = _browser_missing()
+    if absent is not None:
+        missing(absent)
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in (
