@@ -355,13 +355,12 @@ def _serve(args: argparse.Namespace) -> int:
     admin_tokens = sum(bool(token) for token in (admin_token, admin_token_next))
     clients = len(policy.auth.clients) if policy.auth is not None else 0
     tls = policy.listen.tls
-    print(
+    banner = (
         f"fenceproxy on {'https' if tls else 'http'}://{policy.listen.host}:{policy.listen.port} "
         f"(store {policy.store}, admin API {'on' if admin_tokens else 'off'}"
         f"{f' with {admin_tokens} tokens' if admin_tokens > 1 else ''}, "
         f"{f'{clients} clients' if policy.auth is not None else 'no auth'}"
-        f"{_metrics_note(policy)}{_tls_summary(policy)})",
-        flush=True,
+        f"{_metrics_note(policy)}{_tls_summary(policy)})"
     )
     try:
         asyncio.run(
@@ -374,6 +373,9 @@ def _serve(args: argparse.Namespace) -> int:
                 max_connections=policy.limits.max_connections,
                 metrics=app[RUNTIME].metrics,
                 server_options=server_options(policy),
+                # Once the store is open and the port listens: a store that cannot be
+                # opened is refused in one line, with no banner before it.
+                on_listening=lambda: print(banner, flush=True),
             )
         )
     except OSError as exc:

@@ -254,9 +254,11 @@ async def serve(
     max_connections: int,
     metrics: Metrics,
     server_options: dict[str, Any],
+    on_listening: Callable[[], None],
 ) -> None:
     """Serve `app` until SIGTERM or SIGINT, then stop as aiohttp's run_app does:
-    close the listener, wait up to `grace_s` for requests in flight, run the cleanups."""
+    close the listener, wait up to `grace_s` for requests in flight, run the cleanups.
+    `on_listening` runs once the app started (its store open) and the port listens."""
     guard = ConnectionGuard(max_connections, metrics)
     # First: requests refused by the other middlewares also end and free their connection.
     app.middlewares.insert(0, guard.middleware)
@@ -274,6 +276,7 @@ async def serve(
             backlog=128,
             reuse_address=True,
         )
+        on_listening()
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -71,3 +72,18 @@ def test_serve_through_a_transaction_pooler_with_the_cache_on_names_the_option(
     with Bouncer("transaction") as bouncer:
         run = serve(tmp_path, bouncer.url(pg_url))
     assert_refused_before_the_banner(run, "set store_pool.statement_cache: false")
+
+
+def test_serve_on_a_database_that_does_not_exist_says_so_before_the_banner(
+    tmp_path: Path,
+) -> None:
+    missing = urlsplit(pg.require_admin_url())._replace(path="/fenceproxy_never_created")
+    run = serve(tmp_path, urlunsplit(missing))
+    assert_refused_before_the_banner(run, 'database "fenceproxy_never_created" does not exist')
+
+
+def test_serve_on_a_server_that_does_not_answer_says_so_before_the_banner(
+    tmp_path: Path,
+) -> None:
+    run = serve(tmp_path, f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
+    assert_refused_before_the_banner(run, "cannot open the PostgreSQL store")
