@@ -46,6 +46,8 @@ from policies.templates import PathTemplate, StringTemplate, TemplateError
 from policies.tls import certificates_problem, key_problem
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# Without a `store:` key: a SQLite file in state/ beside the policy file.
+DEFAULT_STORE = "sqlite:///state/fenceproxy.db"
 _STATUS_PATTERN = re.compile(r"([1-5])xx\Z|([1-5][0-9][0-9])\Z")
 
 
@@ -58,8 +60,9 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = None) -> Policy:
-    """`base_dir` is what relative file paths in the policy (TLS files) are relative to:
-    the policy file's folder when loaded from a file, else the working directory."""
+    """`base_dir` is what relative file paths in the policy (TLS files, the SQLite
+    store) are relative to: the policy file's folder when loaded from a file, else the
+    working directory."""
     base = base_dir if base_dir is not None else Path()
     problems = Problems()
     root = Mapping(
@@ -89,7 +92,7 @@ def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = 
     if version_node is not None and (isinstance(version, bool) or version != 1):
         problems.add(version_node, f"only version 1 is known, got {version_node.describe()}")
     listen = _parse_listen(root, problems, base)
-    store = _parse_store(root, problems)
+    store = _parse_store(root, problems, base)
     pool = _parse_store_pool(root, problems)
     admin_env = root.text("admin_token_env", default=None)
     leases = _parse_leases(root, problems)
@@ -325,8 +328,8 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
 _DRIVER_ONLY_PARAMETER = re.compile(r"[?&]statement_cache_size=")
 
 
-def _parse_store(root: Mapping, problems: Problems) -> str:
-    store = root.text("store", default="sqlite:///state/fenceproxy.db")
+def _parse_store(root: Mapping, problems: Problems, base: Path) -> str:
+    store = root.text("store", default=DEFAULT_STORE)
     if store is None:
         return ""
     backend = store_backend(store)
@@ -339,6 +342,8 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
         not store.startswith("sqlite:///") or not store[len("sqlite:///") :].partition("?")[0]
     ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
+    elif backend is StoreBackend.SQLITE:
+        return _sqlite_beside_policy(root, store, base)
     elif backend is StoreBackend.POSTGRESQL and _DRIVER_ONLY_PARAMETER.search(store):
         # asyncpg would send it to the server as a startup parameter, which the server
         # (or a pooler) refuses: it is the driver's, and has its option here.
@@ -348,6 +353,29 @@ def _parse_store(root: Mapping, problems: Problems) -> str:
             "set store_pool.statement_cache: false instead",
         )
     return str(store)
+
+
+def _sqlite_beside_policy(root: Mapping, store: str, base: Path) -> str:
+    """The SQLite URL with a relative path taken from the policy file's folder, as TLS
+    files are: the CLI run from any folder then opens the proxy's own store, never a
+    new empty one beside the shell. A store found where the working directory would
+    have put it (the rule before this one) is a problem naming both places, so that a
+    proxy upgraded in place does not start on an empty store."""
+    raw, separator, options = store[len("sqlite:///") :].partition("?")
+    path = Path(raw)
+    if path.is_absolute():
+        return store
+    beside_policy = (base / path).absolute()
+    from_cwd = path.absolute()
+    if beside_policy != from_cwd and not beside_policy.exists() and from_cwd.exists():
+        node = root.children.get("store", root.node)
+        root.problems.add(
+            node,
+            f"the SQLite path {raw} is read from this file's folder: {beside_policy} does"
+            f" not exist, but {from_cwd} (from the working directory) does; write the"
+            f" store's path absolute (sqlite:///{from_cwd}) or from this file's folder",
+        )
+    return f"sqlite:///{beside_policy}{separator}{options}"
 
 
 def _parse_store_pool(root: Mapping, problems: Problems) -> StorePool:

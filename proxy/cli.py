@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from core.leasing_advice import Advice, recommendation
 from core.records import EffectState
 from policies import ConfigError, Policy, load_policy
+from policies.store_backends import StoreBackend, store_backend
 from policies.tls import server_context
 from proxy import connections, operations
 from proxy.app import build_app, default_instance_id, new_instance_id
@@ -42,6 +43,7 @@ from proxy.terminal import printable
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, check_server, open_store
 from store.files import backup_sqlite, schema_versions
+from store.sqlite import parse_sqlite_url
 
 T = TypeVar("T")
 
@@ -297,8 +299,20 @@ def _policy(args: argparse.Namespace) -> Policy:
     return load_policy(args.config)
 
 
-def _with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
+def _with_store(
+    args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], creates: bool = False
+) -> T:
+    """`work` on the policy's store. Only `creates` (store migrate) may create a SQLite
+    store: any other command on a missing file would answer from a new empty store
+    ("no leases", "nothing blocked"), which is not true of the proxy's."""
     policy = _policy(args)
+    if not creates and store_backend(policy.store) is StoreBackend.SQLITE:
+        path = parse_sqlite_url(policy.store)[0]
+        if not path.exists():
+            raise CommandError(
+                f"{args.config}: no store at {path} (its store path is read from the policy"
+                " file's folder); `fenceproxy serve` or `fenceproxy store migrate` creates it"
+            )
 
     async def run() -> T:
         # Two connections, with the policy's cache and timeouts (a pooler's mode).
@@ -702,7 +716,7 @@ def _store_migrate(args: argparse.Namespace) -> int:
     policy = _policy(args)
     before = asyncio.run(schema_versions(policy.store))
     # Opening the store applies what is missing (under a lock on PostgreSQL).
-    _with_store(args, lambda store: store.ping())
+    _with_store(args, lambda store: store.ping(), creates=True)
     after = asyncio.run(schema_versions(policy.store))
     version = max(after)
     applied = sorted(after - before)

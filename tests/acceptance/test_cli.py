@@ -68,17 +68,62 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    """The example policy on a fresh SQLite store under tmp_path."""
+STORE_LINE = "store: sqlite:///state/fenceproxy.db"
+
+
+def example_on(store_url: str, path: Path) -> Path:
+    """The example policy, on `store_url`, written to `path`."""
     text = EXAMPLE.read_text(encoding="utf-8")
-    store_line = "store: sqlite:///state/fenceproxy.db"
-    assert text.count(store_line) == 1
-    path = tmp_path / "fenceproxy.yaml"
-    path.write_text(
-        text.replace(store_line, f"store: sqlite:///{tmp_path / 's.db'}"), encoding="utf-8"
-    )
+    assert text.count(STORE_LINE) == 1
+    path.write_text(text.replace(STORE_LINE, f"store: {store_url}"), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def config(cli: Cli, tmp_path: Path) -> Path:
+    """The example policy on a fresh SQLite store under tmp_path (`store migrate`
+    created it: no command but `serve` and `store migrate` creates a store)."""
+    path = example_on(f"sqlite:///{tmp_path / 's.db'}", tmp_path / "fenceproxy.yaml")
+    assert cli("store", "migrate", "--config", str(path)).code == 0
+    return path
+
+
+def test_a_command_on_a_missing_sqlite_store_refuses_and_creates_nothing(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """An empty store made on the spot would answer "nothing blocked", "epoch 0": not
+    true of the proxy's store, wherever that is."""
+    path = example_on(f"sqlite:///{tmp_path / 'elsewhere.db'}", tmp_path / "p.yaml")
+    for command in (("reconcile", "list"), ("leases", "show", "rule:r1"), ("effects", "list")):
+        error = cli(*command, "--config", str(path)).one_line_error()
+        assert error == (
+            f"fenceproxy: {path}: no store at {tmp_path / 'elsewhere.db'} (its store path is"
+            " read from the policy file's folder); `fenceproxy serve` or `fenceproxy store"
+            " migrate` creates it"
+        )
+    assert not (tmp_path / "elsewhere.db").exists()
+
+
+def test_a_relative_sqlite_path_is_the_same_store_from_any_working_directory(
+    tmp_path: Path,
+) -> None:
+    policy_folder = tmp_path / "etc"
+    policy_folder.mkdir()
+    path = example_on("sqlite:///state/fence.db", policy_folder / "policy.yaml")
+    assert Cli(policy_folder)("store", "migrate", "--config", str(path)).code == 0
+    assert (policy_folder / "state" / "fence.db").exists()
+    assert (
+        Cli(policy_folder)(
+            "leases", "revoke", "rule:r1", "--reason", "t", "--config", str(path)
+        ).code
+        == 0
+    )
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    shown = Cli(elsewhere)("leases", "show", "rule:r1", "--json", "--config", str(path))
+    assert shown.code == 0, shown.err
+    assert shown.json()["epoch"] == 1
+    assert not (elsewhere / "state").exists()
 
 
 # --- check-config -----------------------------------------------------------------------

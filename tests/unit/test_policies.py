@@ -87,7 +87,7 @@ def test_the_valid_base_used_by_these_tests_parses() -> None:
 def test_example_config_parses_into_the_documented_values(example: Policy) -> None:
     assert example.version == 1
     assert (example.listen.host, example.listen.port) == ("127.0.0.1", 8080)
-    assert example.store == "sqlite:///state/fenceproxy.db"
+    assert example.store == f"sqlite:///{EXAMPLE.parent.absolute() / 'state/fenceproxy.db'}"
     assert example.admin_token_env == "FENCEPROXY_ADMIN_TOKEN"
     assert (example.leases.min_ttl_s, example.leases.max_ttl_s) == (1, 300)
     assert example.leases.default_ttl_s == 30
@@ -141,11 +141,11 @@ def test_top_level_defaults_apply_when_sections_are_absent() -> None:
     text = edit("leases: {min_ttl_s: 1, max_ttl_s: 300, default_ttl_s: 30}\n", "", text)
     text = edit("store: sqlite:///state/test.db\n", "", text)
     text = edit(", timeout_s: 5, connect_timeout_s: 1}", "}", text)
-    policy = parse_policy(text)
+    policy = parse_policy(text, base_dir=Path("/srv/fence"))
     assert (policy.listen.host, policy.listen.port) == ("127.0.0.1", 8080)
     assert (policy.leases.min_ttl_s, policy.leases.max_ttl_s) == (1, 300)
     assert policy.leases.default_ttl_s == 30
-    assert policy.store == "sqlite:///state/fenceproxy.db"
+    assert policy.store == "sqlite:////srv/fence/state/fenceproxy.db"
     assert policy.admin_token_env is None
     assert policy.upstreams["supplier"].timeout_s == 10
     assert policy.upstreams["supplier"].connect_timeout_s == 2
@@ -670,6 +670,47 @@ def test_sqlite_store_without_three_slashes() -> None:
 def test_postgresql_store_url_is_accepted() -> None:
     text = edit("store: sqlite:///state/test.db", "store: postgresql://fence@db:5432/fence")
     assert parse_policy(text).store == "postgresql://fence@db:5432/fence"
+
+
+@pytest.mark.parametrize(
+    ("written", "opened"),
+    [
+        ("sqlite:///state/test.db", "sqlite:////srv/fence/state/test.db"),
+        ("sqlite:///../f.db?synchronous=NORMAL", "sqlite:////srv/fence/../f.db?synchronous=NORMAL"),
+        ("sqlite:////var/lib/fenceproxy/f.db", "sqlite:////var/lib/fenceproxy/f.db"),
+    ],
+)
+def test_a_sqlite_path_is_read_from_the_policy_files_folder(written: str, opened: str) -> None:
+    """As TLS files are: so that the CLI, run from any folder, opens the proxy's store."""
+    text = edit("store: sqlite:///state/test.db", f"store: {written}")
+    assert parse_policy(text, base_dir=Path("/srv/fence")).store == opened
+
+
+def test_a_store_left_where_the_working_directory_put_it_is_named_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before this rule a relative path was read from the working directory: a proxy
+    upgraded in place must not start on a new empty store beside its policy file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "test.db").write_bytes(b"")
+    policy_folder = tmp_path / "config"
+    policy_folder.mkdir()
+    with pytest.raises(ConfigError) as refused:
+        parse_policy(VALID, "config/policy.yaml", policy_folder)
+    problems = refused.value.problems
+    assert [(p.line, p.key) for p in problems] == [(3, "store")], problems
+    assert problems[0].message == (
+        f"the SQLite path state/test.db is read from this file's folder:"
+        f" {policy_folder / 'state/test.db'} does not exist, but"
+        f" {tmp_path / 'state/test.db'} (from the working directory) does; write the store's"
+        f" path absolute (sqlite:///{tmp_path / 'state/test.db'}) or from this file's folder"
+    )
+    # Once the store is beside the policy file (or the path says where it is): no problem.
+    (policy_folder / "state").mkdir()
+    (policy_folder / "state" / "test.db").write_bytes(b"")
+    beside = f"sqlite:///{policy_folder / 'state/test.db'}"
+    assert parse_policy(VALID, "config/policy.yaml", policy_folder).store == beside
 
 
 def test_statement_cache_size_in_the_store_url_names_the_option_to_use() -> None:

@@ -234,14 +234,14 @@ def test_a_ca_bundle_that_cannot_verify_is_named_with_its_line(
 @pytest.mark.parametrize(
     ("tls", "summary"),
     [
-        ((), "store sqlite:///state/test.db, max 1280 connections)"),
+        ((), "store sqlite:///{folder}/state/test.db, max 1280 connections)"),
         (
             ("cert: tls/server.pem", "key: tls/server-key.pem"),
-            "store sqlite:///state/test.db, TLS, max 1280 connections)",
+            "store sqlite:///{folder}/state/test.db, TLS, max 1280 connections)",
         ),
         (
             ("cert: tls/server.pem", "key: tls/server-key.pem", "client_ca: tls/test-ca.pem"),
-            "store sqlite:///state/test.db, mutual TLS, max 1280 connections)",
+            "store sqlite:///{folder}/state/test.db, mutual TLS, max 1280 connections)",
         ),
     ],
     ids=["plain", "tls", "mutual"],
@@ -259,4 +259,6 @@ def test_check_config_says_how_the_listener_speaks(
 
     assert exit_status.value.code == 0
     summary_line = capsys.readouterr().out.splitlines()[0]
-    assert summary_line == f"{path}: ok (1 route, 1 fenced, {summary}"
+    # The store's relative path is read from the policy file's folder, as TLS files are.
+    expected = summary.format(folder=path.parent.absolute())
+    assert summary_line == f"{path}: ok (1 route, 1 fenced, {expected}"
