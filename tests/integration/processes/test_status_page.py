@@ -6,7 +6,7 @@ Nothing is downloaded: the driver's path is given (Selenium Manager is skipped).
 Without the browser these tests skip locally, with the reason; under CI=true they
 fail, since `.ci/run` installs it (ensure_chromium). Every wait is a bounded
 WebDriverWait on a condition; each state is saved as a screenshot under the test's
-tmp_path (docs/status-page.png in the README is one of them).
+tmp_path (docs/status-page.png, on the docs' "when you are paged" page, is one of them).
 """
 
 from __future__ import annotations
