@@ -233,8 +233,9 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     assert effect_id in confirmation and "supplier:widget" in confirmation
     page.shot("resolve-confirmation")
     form.find_element(By.CSS_SELECTOR, "button.confirm").click()
+    # The result is shown before the refresh it starts has answered: wait for both.
     page.until(lambda d: "the effect is now COMMITTED" in page.text("#outstanding"))
-    assert "Nothing in doubt" in page.text("#outstanding")
+    page.until(lambda d: "Nothing in doubt" in page.text("#outstanding"))
     assert browser.title == "fenceproxy status"
     page.shot("resolved")
 
