@@ -92,7 +92,8 @@ def _allowed_at(base: Any, path: Path_) -> list[str] | None:
     return None
 
 
-def policy_keys() -> list[str]:
+@functools.cache  # a few hundred parses of the example policy: once per process
+def policy_keys() -> tuple[str, ...]:
     """Every key of the policy file, as `a.b`, `routes[].x` and `upstreams.NAME.x`."""
     base = yaml.safe_load(EXAMPLE_POLICY.read_text(encoding="utf-8"))
     keys: list[str] = []
@@ -119,7 +120,7 @@ def policy_keys() -> list[str]:
                     walk((*child, entry), f"{child_shown}.NAME")
 
     walk((), "")
-    return keys
+    return tuple(keys)
 
 
 def _lookup(data: Any, path: Path_) -> Any:
