@@ -662,7 +662,12 @@ def openapi_page() -> str:
         f"{GENERATED}\n# OpenAPI: every operation\n\n"
         f"`GET /_fence/v1/openapi.json` serves this document (OpenAPI {spec['openapi']}); "
         "this page is made from it. The [HTTP API](http-api.md) page says who may call "
-        "what.\n"
+        "what.\n\nCredentials, as an operation lists them (`none`: it may be called "
+        "without one):\n\n"
+        + "".join(
+            f"* `{name}`: {scheme.get('description', '')}\n"
+            for name, scheme in spec["components"]["securitySchemes"].items()
+        )
     ]
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
