@@ -4,6 +4,7 @@ variable the shipped packages read. The README stays a front page."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,13 @@ def test_the_defaults_are_read_from_the_parsed_policy() -> None:
 def test_the_readme_is_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MOST_LINES, f"README.md has {len(lines)} lines"
+
+
+def test_the_readmes_outside_the_site_link_files_that_exist() -> None:
+    # mkdocs --strict checks the links inside docs/; these READMEs are read on GitHub.
+    readmes = [ROOT / "README.md", ROOT / "client" / "README.md"]
+    readmes += sorted((ROOT / "examples").glob("*/README.md"))
+    for readme in readmes:
+        text = readme.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", text):
+            assert (readme.parent / target).exists(), f"{readme.relative_to(ROOT)}: {target}"
