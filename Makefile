@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench mutate simulate fuzz-http refusal-flood clean wheel image
+.PHONY: run test lint docs bench mutate simulate fuzz-http refusal-flood clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -24,6 +24,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The generated reference pages of the docs site (devtools/docs_reference.py): the
+# configuration keys and environment variables, the CLI, the OpenAPI operations and the
+# error codes. `make test` fails while they differ from what this writes. `mkdocs serve`
+# shows the site; `make test` builds it with --strict (tests/acceptance/test_docs_site.py).
+docs: $(STAMP)
+	$(PY) -m devtools.docs_reference
 
 # The PostgreSQL tests' server (an admin URL: the tests create and drop their own
 # databases there). On by default; `make test FENCEPROXY_TEST_POSTGRES_URL=` skips
@@ -86,4 +93,4 @@ fuzz-http: $(STAMP)
 		$(VENV)/bin/pytest tests/wire -p no:cacheprovider -q
 
 clean:
-	rm -rf $(VENV) state dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) state dist build site .pytest_cache .mypy_cache .ruff_cache .hypothesis

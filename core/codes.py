@@ -2,9 +2,9 @@
 
 `ErrorCode` names the codes; `_PROBLEMS` is the one table that gives each its
 status, the problem document's `title`, and when it is answered. The problem
-responses, the OpenAPI document and the README's "Error codes" table all come
+responses, the OpenAPI document and the docs' error codes page all come
 from (or are tested against) this table, so a code cannot exist in one and not
-the others. `when` is the README's cell verbatim (Markdown), which OpenAPI
+the others. `when` is that page's cell verbatim (Markdown), which OpenAPI
 descriptions accept as they are.
 """
 

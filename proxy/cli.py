@@ -70,7 +70,7 @@ class CommandError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):
         parser.print_help()
@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; devtools/docs_reference.py renders it as docs/reference/cli.md."""
     parser = argparse.ArgumentParser(prog="fenceproxy", description=__doc__)
     parser.add_argument(
         "--version", action="version", version=f"fenceproxy {operations.proxy_version()}"
@@ -233,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     advice = command(
         "lease-advice",
         _lease_advice,
-        "lease TTLs from the measured turns of recorded leases (see README, Lease sizing)",
+        "lease TTLs from the measured turns of recorded leases (docs/explanation/lease-sizing.md)",
     )
     # Text, not type=float: the operation checks each, with the admin API's refusal.
     advice.add_argument("--resource", help="one group: the resources this glob matches")

@@ -54,7 +54,7 @@ def backup_sqlite(url: str, target: Path) -> None:
     if store_backend(url) is not StoreBackend.SQLITE:
         raise StoreError(
             "store backup copies a SQLite store; back up PostgreSQL with pg_dump "
-            "(README, Backups and restores)"
+            "(docs/how-to/backup-restore.md)"
         )
     source_path, _ = parse_sqlite_url(url)
     if not source_path.exists():

@@ -17,7 +17,7 @@ again. PostgreSQL says when this may have happened without superuser rights:
 
 Whether the branch point came after everything acknowledged cannot be told from the
 new primary alone, so a new timeline is always treated as lost history (see
-docs/deployment.md, "PostgreSQL standbys and failover", for when that is certain not
+docs/how-to/deployment.md, "PostgreSQL standbys and failover", for when that is certain not
 to happen and what recovery costs). Recovery (`recovery_statements`) raises every
 epoch past anything the old primary could have issued, ends every lease, and opens the
 recovery window, in which an idempotency key the store does not know is unknown, not
@@ -54,7 +54,7 @@ class RecoveryWindow:
 # Commits wait for a synchronous standby only with these (and a non-empty
 # synchronous_standby_names); `local` and `off` never wait for one.
 _WAITING_COMMITS = frozenset({"on", "remote_apply", "remote_write"})
-DOCS = 'docs/deployment.md, "PostgreSQL standbys and failover"'
+DOCS = 'docs/how-to/deployment.md, "PostgreSQL standbys and failover"'
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,8 @@ class WorkerSettings:
 def outcome_of_refusal(refusal: errors.FenceError) -> Outcome:
     if isinstance(refusal, errors.OutcomeUnknown):
         # Still unsettled after the worker's wait: never resent under a new attempt.
-        # The proxy holds the resource until the effect is settled (see the main
-        # README's runbook); the effect id is here for the operator.
+        # The proxy holds the resource until the effect is settled (see the operator's
+        # runbook, docs/how-to/reconciliation.md); the effect id is here for the operator.
         return Outcome(
             refusal.code, BLOCKED, f"effect {refusal.effect_id} in doubt", refusal.effect_id
         )

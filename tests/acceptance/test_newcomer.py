@@ -92,7 +92,7 @@ def leases_in(database: Path) -> int:
 def test_make_run_on_a_busy_port_says_which_and_how_to_choose_another(busy: str) -> None:
     with busy_port() as taken:
         ports = {"PORT": str(free_port()), "UPSTREAM_PORT": str(free_port()), busy: str(taken)}
-        # One of them from the environment, as the README allows.
+        # One of them from the environment, as docs/tutorials/index.md allows.
         # As from a user's shell, not from within `make test`.
         environment = {
             key: value
@@ -275,7 +275,7 @@ def test_a_backup_taken_while_serving_restores_with_fence_restore(cli: Cli, tmp_
         assert leases_in(backup) == 1
         assert not backup.with_name("backup.db-wal").exists()
 
-        # The restore, as README's "Backups and restores" says.
+        # The restore, as docs/how-to/backup-restore.md says.
         for stale in (tmp_path / "s.db-wal", tmp_path / "s.db-shm"):
             stale.unlink(missing_ok=True)
         shutil.copyfile(backup, tmp_path / "s.db")

@@ -1,9 +1,12 @@
-"""README.md's walkthroughs, pasted as a newcomer would paste them, against `make run`.
+"""The walkthroughs, pasted as a newcomer would paste them, against `make run`.
 
-The convention, which README.md states where the first walkthrough begins:
+The first is README.md's (the docs site includes it from there); the second,
+docs/tutorials/outcome-unknown.md, goes on from it in the same shell. The convention,
+which README.md states where the first walkthrough begins:
 
-* every ```sh block under a `## Walkthrough...` heading is run, all of them in order,
-  in one bash (so variables and functions carry over), with stderr joined to stdout;
+* every ```sh block under a README `## Walkthrough...` heading, then every ```sh block
+  of the tutorial page, is run, all of them in order, in one bash (so variables and
+  functions carry over), with stderr joined to stdout;
 * a command is a line that is neither blank nor a comment, with its `\\` continuations;
 * a `#> text` line shows output of the command above it. The command's output must
   hold every such line, in that order, though not only them (a `curl -i` prints more
@@ -11,9 +14,10 @@ The convention, which README.md states where the first walkthrough begins:
   (a table's columns widen with their contents).
 
 The proxy and the demo upstream are `make run`'s own processes (demo/run_example.py),
-on free ports and a fresh state directory; the README's 8080 and 9001 are replaced by
-those ports. The shell runs where `state/` is that directory, as the README's
-`state/fenceproxy.yaml` expects; the README itself puts the virtualenv's `fenceproxy` on PATH.
+on free ports and a fresh state directory; the walkthroughs' 8080 and 9001 are replaced
+by those ports. The shell runs where `state/` is that directory, as the walkthroughs'
+`state/fenceproxy.yaml` expects; the second walkthrough itself puts the virtualenv's
+`fenceproxy` on PATH.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from support.processes import ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-README_PORT = "127.0.0.1:8080"
-README_UPSTREAM_PORT = "127.0.0.1:9001"
+# Goes on from README's walkthrough, in the same shell.
+SECOND_WALKTHROUGH = ROOT / "docs" / "tutorials" / "outcome-unknown.md"
+WALKTHROUGH_PORT = "127.0.0.1:8080"
+WALKTHROUGH_UPSTREAM_PORT = "127.0.0.1:9001"
 OUTPUT_MARK = "#>"
 # Between commands: a line no command prints.
 BOUNDARY = "@@walkthrough-command-{}@@"
@@ -48,12 +54,22 @@ class Command:
     expected: list[str] = field(default_factory=list)
 
 
+def shell_blocks(text: str) -> list[str]:
+    return re.findall(r"^```sh\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+
+
 def walkthrough_blocks(readme: str) -> list[str]:
     blocks = []
     for section in re.split(r"^## ", readme, flags=re.MULTILINE):
         if section.startswith("Walkthrough"):
-            blocks += re.findall(r"^```sh\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+            blocks += shell_blocks(section)
     return blocks
+
+
+def walkthroughs() -> list[str]:
+    """README's walkthrough blocks, then the second walkthrough's."""
+    readme = walkthrough_blocks(README.read_text(encoding="utf-8"))
+    return readme + shell_blocks(SECOND_WALKTHROUGH.read_text(encoding="utf-8"))
 
 
 def commands_of(blocks: list[str]) -> list[Command]:
@@ -78,8 +94,8 @@ def script_of(commands: list[Command], port: int, upstream_port: int) -> str:
         # printf, not echo: the previous command's output may not end its last line.
         lines.append(f"printf '\\n{BOUNDARY.format(index)}\\n'")
         lines.append(
-            command.text.replace(README_PORT, f"127.0.0.1:{port}").replace(
-                README_UPSTREAM_PORT, f"127.0.0.1:{upstream_port}"
+            command.text.replace(WALKTHROUGH_PORT, f"127.0.0.1:{port}").replace(
+                WALKTHROUGH_UPSTREAM_PORT, f"127.0.0.1:{upstream_port}"
             )
         )
     return "\n".join(lines) + "\n"
@@ -132,7 +148,7 @@ def test_the_conventions_read_commands_continuations_and_output() -> None:
 
 
 def test_the_walkthroughs_cover_both_unknown_outcomes() -> None:
-    commands = commands_of(walkthrough_blocks(README.read_text(encoding="utf-8")))
+    commands = commands_of(walkthroughs())
     texts = "\n".join(command.text for command in commands)
     for needed in ("sleep 6", "Demo-Drop-Response", "reconcile probe", "reconcile resolve"):
         assert needed in texts, needed
@@ -159,10 +175,8 @@ def demo(tmp_path: Path) -> Iterator[tuple[int, int]]:
 
 
 @pytest.mark.timeout(SCRIPT_TIMEOUT_S + STARTUP_TIMEOUT_S + 30)
-def test_the_walkthroughs_print_what_the_readme_shows(
-    demo: tuple[int, int], tmp_path: Path
-) -> None:
-    commands = commands_of(walkthrough_blocks(README.read_text(encoding="utf-8")))
+def test_the_walkthroughs_print_what_they_show(demo: tuple[int, int], tmp_path: Path) -> None:
+    commands = commands_of(walkthroughs())
     script = script_of(commands, *demo)
     environment = {key: value for key, value in os.environ.items() if key != "FENCEPROXY_CONFIG"}
     # No `fenceproxy` on PATH: the walkthrough activates `.venv` where it runs, as a

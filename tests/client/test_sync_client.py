@@ -35,8 +35,9 @@ def renewers_running() -> bool:
 
 
 def test_a_worker_acquires_reads_writes_and_releases(stack: Stack) -> None:
-    """The five lines of the README: the write carries the lease's epoch upstream, an
-    upstream 404 is returned when asked for, and leaving the block releases the lease."""
+    """The five lines of docs/how-to/write-a-worker.md: the write carries the lease's
+    epoch upstream, an upstream 404 is returned when asked for, and leaving the block
+    releases the lease."""
     with (
         FenceClient(stack.proxy_url, timeout_s=5.0) as client,
         client.lease(RESOURCE, "worker-a", ttl_s=10) as lease,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from proxy.cli import _parser
+from proxy.cli import build_parser
 
 
 def _undocumented(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
@@ -23,7 +23,7 @@ def _undocumented(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
 
 
 def test_every_command_and_option_has_help_text() -> None:
-    assert list(_undocumented(_parser(), "fenceproxy")) == []
+    assert list(_undocumented(build_parser(), "fenceproxy")) == []
 
 
 def test_the_walk_sees_nested_options() -> None:

@@ -1,6 +1,6 @@
 """The error code table is the only source of codes: the problem responses, the
-OpenAPI document and the README's table agree with it, and a code that is not in
-it never reaches a client, not even as a bare 500."""
+OpenAPI document and the docs' table (docs/reference/errors.md) agree with it, and a
+code that is not in it never reaches a client, not even as a bare 500."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from proxy import openapi
 from proxy.app import problem_middleware
 from proxy.problems import ProblemError, problem
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ERRORS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "errors.md"
 
 
-def readme_error_table() -> list[tuple[str, int, str]]:
-    """(code, status, when) of each row under README's "### Error codes"."""
-    section = README.read_text(encoding="utf-8").split("### Error codes\n", 1)[1]
+def documented_error_table() -> list[tuple[str, int, str]]:
+    """(code, status, when) of each row of the error codes page's table."""
+    section = ERRORS_PAGE.read_text(encoding="utf-8").split("# Error codes\n", 1)[1]
     rows = []
     for line in section.splitlines():
         if line.startswith("## "):
@@ -39,8 +39,8 @@ def test_every_code_has_a_status_a_title_and_a_meaning() -> None:
         assert code.problem_title and code.when, code
 
 
-def test_readme_lists_exactly_the_codes_of_the_table_with_their_statuses() -> None:
-    rows = readme_error_table()
+def test_the_docs_list_exactly_the_codes_of_the_table_with_their_statuses() -> None:
+    rows = documented_error_table()
     assert len(rows) == len({code for code, _, _ in rows}), "a code appears twice"
     assert {code: (status, when) for code, status, when in rows} == {
         code.value: (code.status, code.when) for code in ErrorCode

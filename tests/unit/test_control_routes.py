@@ -1,5 +1,6 @@
-"""Every control endpoint the app serves is in README's "HTTP API" table and in the
-OpenAPI document, and nothing is listed there that the app does not serve."""
+"""Every control endpoint the app serves is in the docs' HTTP API table
+(docs/reference/http-api.md) and in the OpenAPI document, and nothing is listed there
+that the app does not serve."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from policies.model import MAX_HOLDER_CHARS, MAX_RESOURCE_CHARS
 from proxy import control, openapi
 from proxy.operations import MAX_LIST_LIMIT
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+HTTP_API_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "http-api.md"
 _PARAMETER = re.compile(r"\{[^}]*\}")
 
 Endpoint = tuple[str, str]
 
 
 def _normal(method: str, path: str) -> Endpoint:
-    """Path parameters compare by position, not by name (README says {id})."""
+    """Path parameters compare by position, not by name (the docs say {id})."""
     return method.upper(), _PARAMETER.sub("{}", path.partition("?")[0])
 
 
@@ -36,9 +37,9 @@ def served() -> set[Endpoint]:
     }
 
 
-def readme_endpoints() -> set[Endpoint]:
-    section = README.read_text(encoding="utf-8").split("## HTTP API\n", 1)[1]
-    section = section.split("\n## ", 1)[0].split("\n### ", 1)[0]
+def documented_endpoints() -> set[Endpoint]:
+    """The endpoints of the page's table (the page's text up to its first section)."""
+    section = HTTP_API_PAGE.read_text(encoding="utf-8").split("\n## ", 1)[0]
     found = set()
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -55,8 +56,8 @@ def openapi_endpoints() -> set[Endpoint]:
     }
 
 
-def test_the_readme_lists_every_control_endpoint() -> None:
-    assert readme_endpoints() == served()
+def test_the_docs_list_every_control_endpoint() -> None:
+    assert documented_endpoints() == served()
 
 
 def test_the_openapi_document_lists_every_control_endpoint_itself_included() -> None:

@@ -1,6 +1,7 @@
-"""The package floors of README's "Layout": each package imports only itself and the
-packages below it, so there is no cycle between them (policies must never import
-the store, for instance, which is why the store URL schemes live in policies/)."""
+"""The package floors of the docs' "Layout" (docs/contributing/index.md): each package
+imports only itself and the packages below it, so there is no cycle between them
+(policies must never import the store, for instance, which is why the store URL schemes
+live in policies/)."""
 
 from __future__ import annotations
 

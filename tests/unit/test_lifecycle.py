@@ -1,7 +1,7 @@
-"""core/lifecycle.py: the table's rules, and the README's copy of it.
+"""core/lifecycle.py: the table's rules, and the docs' copy of it.
 
-The README shows the whole table; `test_the_readme_shows_this_table` renders it from
-the module and compares, so the documentation cannot drift from the code.
+docs/explanation/lifecycle.md shows the whole table; `test_the_docs_show_this_table`
+renders it from the module and compares, so the documentation cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from core.lifecycle import (
 )
 from core.records import EffectState
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LIFECYCLE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "lifecycle.md"
 SETTLED = (EffectState.COMMITTED, EffectState.NOT_COMMITTED, EffectState.NOT_SENT)
 # What each kind of evidence claims about the upstream (None: nothing).
 CLAIMS: dict[Event, bool | None] = {
@@ -149,7 +149,7 @@ def test_resolvable_states() -> None:
     assert BLOCKING == RESOLVABLE
 
 
-# --- the README's copy ----------------------------------------------------------------------
+# --- the docs' copy --------------------------------------------------------------------------
 
 
 def _cell(state: EffectState, event: Event) -> str:
@@ -205,11 +205,11 @@ def render_answers() -> str:
     return "\n".join(lines)
 
 
-def test_the_readme_shows_this_table() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert render_transitions() in text, "README's lifecycle table:\n" + render_transitions()
-    assert render_answers() in text, "README's receipt answers:\n" + render_answers()
+def test_the_docs_show_this_table() -> None:
+    text = LIFECYCLE_PAGE.read_text(encoding="utf-8")
+    assert render_transitions() in text, "the lifecycle table:\n" + render_transitions()
+    assert render_answers() in text, "the receipt answers:\n" + render_answers()
 
 
-if __name__ == "__main__":  # prints both tables, to paste into README.md
+if __name__ == "__main__":  # prints both tables, to paste into docs/explanation/lifecycle.md
     print(render_transitions(), render_answers(), sep="\n\n")

@@ -1,8 +1,8 @@
 """The documented reconciliation timings, pinned as literal numbers, and the
 words an operator reads about them.
 
-The README promises a first retry after 0.5 s, doubling up to 30 s, and a
-DISPATCHING effect treated as in flight until 2 s past its deadline. Tests that
+The docs (docs/how-to/reconciliation.md) promise a first retry after 0.5 s, doubling
+up to 30 s, and a DISPATCHING effect treated as in flight until 2 s past its deadline. Tests that
 read these values back from the constants pass whatever the constants say; these
 tests fail if a constant, or the arithmetic that uses it, drifts from the promise.
 """

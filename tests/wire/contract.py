@@ -1,6 +1,6 @@
 """The wire contract as pure functions: what must reach the upstream, what must reach
-the worker (README, "What crosses the proxy"; tests/wire/test_readme_lists.py keeps the
-README's lists equal to the sets here).
+the worker (docs/reference/wire.md, "What crosses the proxy"; tests/wire/test_readme_lists.py
+keeps that page's lists equal to the sets here).
 
 Each check returns the violations it found, each named by the rule it breaks, so a
 known failure can be waived by name (tests/wire/test_differential.py).
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# The README's lists, by name as written there.
+# The docs' lists, by name as written there.
 ADDED = frozenset(
     {
         "Host",
@@ -97,7 +97,8 @@ def nominated(headers: list[Header]) -> set[bytes]:
 
 def nominates_meaningful(headers: list[Header]) -> bool:
     """Connection names a header whose removal would change what the request means or
-    how it is framed: refused with 400 invalid_request, nothing forwarded (README)."""
+    how it is framed: refused with 400 invalid_request, nothing forwarded
+    (docs/reference/wire.md)."""
     return any(name in MEANINGFUL or is_fence_header(name) for name in nominated(headers))
 
 
@@ -311,7 +312,7 @@ def check_worker_answer(
     expected = response_end_to_end(upstream_headers)
     expected_names = {n for n, _ in expected}
     rest = [(n, v) for n, v in rest if not (n in SERVER_DEFAULTS and n not in expected_names)]
-    # aiohttp's server types an untyped body; the README lists it as added.
+    # aiohttp's server types an untyped body; the docs list it as added.
     rest = [
         (n, v)
         for n, v in rest

@@ -1,4 +1,5 @@
-"""README's "What crosses the proxy" lists are the ones tests/wire/contract.py tests."""
+"""The lists of docs/reference/wire.md ("What crosses the proxy") are the ones
+tests/wire/contract.py tests."""
 
 from __future__ import annotations
 
@@ -7,18 +8,18 @@ from pathlib import Path
 
 from tests.wire import contract
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+WIRE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "wire.md"
 SECTION = "What crosses the proxy"
 # A bullet's header name: the first `code span` of the line.
 BULLET = re.compile(r"^[-*] `([^`]+)`")
 
 
-def readme_lists() -> dict[str, set[str]]:
+def documented_lists() -> dict[str, set[str]]:
     """The header names under each sub-heading of the section, by sub-heading."""
     lists: dict[str, set[str]] = {}
     inside = False
     current: str | None = None
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in WIRE_PAGE.read_text(encoding="utf-8").splitlines():
         heading = re.match(r"^(#+) (.*)$", line)
         if heading:
             level, title = len(heading.group(1)), heading.group(2).strip()
@@ -38,8 +39,8 @@ def readme_lists() -> dict[str, set[str]]:
     return lists
 
 
-def test_readme_lists_the_headers_the_contract_tests() -> None:
-    lists = readme_lists()
+def test_the_docs_list_the_headers_the_contract_tests() -> None:
+    lists = documented_lists()
     assert lists == {
         "Added": set(contract.ADDED),
         "Removed": set(contract.REMOVED),

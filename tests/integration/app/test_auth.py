@@ -342,7 +342,7 @@ async def test_the_admin_token_still_names_its_operator(guarded: Fence) -> None:
         headers=guarded.admin,
     )
     problem = await assert_problem(unnamed, 400, "invalid_request")
-    # Said as the rule it is (the schema's and README's), not as a type error.
+    # Said as the rule it is (the schema's and the docs'), not as a type error.
     assert problem["detail"] == (
         "operator is required with the admin token: it is shared, so name who decides"
     )

@@ -10,7 +10,8 @@ store the way the proxy does (the app-level test goes through HTTP).
 
 FENCEPROXY_REFUSAL_FLOOD sets how many refusals of each kind: 2000 in `make test`
 (10^4 refusals in all; the record of a row per request grew SQLite by 1.5 MB and
-PostgreSQL by 2.8 MB with them), 10^5 in `make refusal-flood` (the figures in README).
+PostgreSQL by 2.8 MB with them), 10^5 in `make refusal-flood` (the figures in
+docs/reference/refusals.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The wire contract (README "What crosses the proxy"), against a scripted upstream.
+"""The wire contract (docs/reference/wire.md), against a scripted upstream.
 
 The upstream here is a raw HTTP/1.1 server in the test's event loop: it records every
 request it gets as the bytes that arrived, and answers with bytes the test scripts

@@ -6,7 +6,7 @@ Nothing is downloaded: the driver's path is given (Selenium Manager is skipped).
 Without the browser these tests skip locally, with the reason; under CI=true they
 fail, since `.ci/run` installs it (ensure_chromium). Every wait is a bounded
 WebDriverWait on a condition; each state is saved as a screenshot under the test's
-tmp_path (docs/status-page.png in the README is one of them).
+tmp_path (docs/status-page.png, on the docs' "when you are paged" page, is one of them).
 """
 
 from __future__ import annotations
@@ -230,8 +230,9 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     assert effect_id in confirmation and "supplier:widget" in confirmation
     page.shot("resolve-confirmation")
     form.find_element(By.CSS_SELECTOR, "button.confirm").click()
+    # The result is shown before the refresh it starts has answered: wait for both.
     page.until(lambda d: "the effect is now COMMITTED" in page.text("#outstanding"))
-    assert "Nothing in doubt" in page.text("#outstanding")
+    page.until(lambda d: "Nothing in doubt" in page.text("#outstanding"))
     assert browser.title == "fenceproxy status"
     page.shot("resolved")
 
