@@ -39,6 +39,7 @@ from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memo
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from proxy.runtime import RUNTIME
 from proxy.terminal import printable
+from reconcile import operations as reconciliation
 from reconcile.prober import ProbeResult
 from store import Store, StoreError, check_server, open_store
 from store.files import backup_sqlite, schema_versions
@@ -564,7 +565,7 @@ def _default_operator() -> str:
 
 
 def _reconcile_list(args: argparse.Namespace) -> int:
-    report = _with_store(args, operations.in_doubt)
+    report = _with_store(args, reconciliation.in_doubt)
     if args.json:
         _print(args, report.as_json(), [], [])
         return 0
