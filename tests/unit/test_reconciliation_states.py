@@ -1,14 +1,22 @@
-"""Which effects an operator's probe may ask about (core/lifecycle.py `probe_refusal`):
-only an UNKNOWN one; every other state is refused with a code of its own, whichever
-face (admin API, CLI) asked."""
+"""The states reconciliation works on (core/lifecycle.py): which effects wait for it
+(`AWAITING_RECONCILIATION`), and which an operator's probe may ask about
+(`probe_refusal`): only an UNKNOWN one; every other state is refused with a code of
+its own, whichever face (admin API, CLI) asked."""
 
 from __future__ import annotations
 
 import pytest
 
 from core.codes import ErrorCode
-from core.lifecycle import probe_refusal
+from core.lifecycle import AWAITING_RECONCILIATION, BLOCKING, probe_refusal
 from core.records import EffectState
+
+
+def test_what_waits_for_reconciliation_is_what_blocks_and_cannot_still_land() -> None:
+    # A request in flight blocks its resource too, but waits for nobody: its own
+    # answer or the sweep settles it.
+    assert {EffectState.UNKNOWN, EffectState.CONFLICTING} == AWAITING_RECONCILIATION
+    assert BLOCKING - {EffectState.DISPATCHING} == AWAITING_RECONCILIATION
 
 
 def test_an_unknown_effect_is_probed() -> None:
