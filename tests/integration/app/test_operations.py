@@ -1,5 +1,6 @@
-"""proxy/operations.py on a real store, SQLite and PostgreSQL: the operations the admin
-API and the CLI share, their preconditions and refusals, with no app in between.
+"""proxy/operations.py and reconcile/operations.py on a real store, SQLite and
+PostgreSQL: the operations the admin API and the CLI share, their preconditions and
+refusals, with no app in between.
 
 The store here has no background reconciler, so every sweep seen is the operation's own.
 """
