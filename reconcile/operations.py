@@ -29,6 +29,13 @@ async def sweep(store: Store) -> None:
     await store.recover(None, DEADLINE_MARGIN_S)
 
 
+async def recover_after_restart(store: Store) -> list[str]:
+    """Whatever this instance had in flight when it last stopped has an unknown fate now,
+    and its resources must stay blocked: its effects become UNKNOWN (returned), before
+    the listener opens."""
+    return await store.recover(store.instance_id, DEADLINE_MARGIN_S)
+
+
 def no_effect(effect_id: str) -> Refusal:
     return Refusal(ErrorCode.NOT_FOUND, f"no effect {effect_id}", {"effect_id": effect_id})
 

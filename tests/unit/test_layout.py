@@ -39,9 +39,11 @@ def test_a_package_imports_only_the_floors_below_it(floor: int) -> None:
     assert upward == {}
 
 
-# The store's reconciliation calls: what is in doubt, an operator's decision, a probe's
-# record, the probe schedule.
-STORE_RECONCILING = frozenset({"in_doubt", "resolve", "record_probe", "claim_due_probes"})
+# The store's reconciliation calls: the sweep, what is in doubt, an operator's decision,
+# a probe's record, the probe schedule.
+STORE_RECONCILING = frozenset(
+    {"recover", "in_doubt", "resolve", "record_probe", "claim_due_probes"}
+)
 
 
 def _reaches_the_store(node: ast.expr) -> bool:
