@@ -1,9 +1,10 @@
-"""What an operator asks of reconciliation: what is in doubt, a probe now, a decision.
+"""Reconciliation as operations on parsed values: the sweep, recovery after a restart,
+what is in doubt, a probe now, an operator's decision.
 
-One implementation for both faces: the admin API (`proxy/control.py`) and the CLI
-(`proxy/cli`) parse what they were sent (`proxy/operations.py`) and call these with
-parsed values. A refusal is returned as a `Refusal`, as the store returns its own,
-and each face presents it in its own way.
+The admin API (`proxy/control.py`) and the CLI (`proxy/cli_store.py`) reach these by
+one path: `proxy/operations.py` checks what the operator sent, then calls these. A
+refusal is returned as a `Refusal`, as the store returns its own, and raised there
+as the `OperationRefused` both faces present.
 """
 
 from __future__ import annotations
