@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, StrEnum, auto
 
-from core.records import EffectState
+from core.codes import ErrorCode
+from core.records import EffectState, Refusal
 
 DISPATCHING = EffectState.DISPATCHING
 UNKNOWN = EffectState.UNKNOWN
@@ -238,3 +239,41 @@ def key_heir(freed: str, open_under_key: Iterable[str]) -> str | None:
     replaying; the earliest admitted takes it (a resend leaves the key with the send it
     resends). None: no effect under the key is open, and the key is free."""
     return next((effect for effect in open_under_key if effect != freed), None)
+
+
+# --- reconciliation: what waits for it, and what a probe may be asked about ---------------
+
+# "Blocked resources" of the in-doubt listing: those waiting for a probe or an operator.
+# A request merely in flight blocks a successor too, but waits for nobody; the
+# fenceproxy_blocked_resources gauge counts the same set.
+AWAITING_RECONCILIATION = frozenset({UNKNOWN, CONFLICTING})
+
+
+def probe_refusal(effect_id: str, state: EffectState) -> Refusal | None:
+    """Why an effect in `state` is not probed on an operator's demand; None: it is.
+
+    Only an UNKNOWN effect waits for the upstream's word. A request still in flight may
+    yet land; a settled effect is not asked about again; a CONFLICTING one already has
+    contradicting evidence, and more of it cannot settle it: an operator must."""
+    context = {"effect_id": effect_id, "state": state.value}
+    if state is UNKNOWN:
+        return None
+    if state is DISPATCHING:
+        return Refusal(
+            ErrorCode.EFFECT_IN_FLIGHT,
+            f"the effect is {state} and its request may still be in flight; "
+            "only an UNKNOWN effect is probed",
+            context,
+        )
+    if state is CONFLICTING:
+        return Refusal(
+            ErrorCode.CONFLICTING_EVIDENCE,
+            f"the effect is {state}: its evidence already disagrees and only an operator "
+            "resolves it; only an UNKNOWN effect is probed",
+            context,
+        )
+    return Refusal(
+        ErrorCode.EFFECT_SETTLED,
+        f"the effect is already {state}; only an UNKNOWN effect is probed",
+        context,
+    )

@@ -35,6 +35,7 @@ import yaml
 
 from core.codes import ErrorCode
 from policies.loading import parse_policy
+from policies.loading_store import DEFAULT_STORE
 from policies.model import DAY_S, Policy
 from policies.nodes import ConfigError
 from proxy.cli import build_parser
@@ -180,10 +181,12 @@ CONFIGURATION: dict[str, Key] = {
         "none",
     ),
     "store": Key(
-        "`sqlite:///PATH` (relative to the working directory; `sqlite:////abs/path.db`) or "
-        "`postgresql://user@host:port/db`. For SQLite `?synchronous=NORMAL` trades the last "
-        "commits before a power loss for speed; the default `FULL` loses nothing acknowledged",
-        lambda p: p.store,
+        "`sqlite:///PATH` (a relative PATH is read from the policy file's folder, as TLS "
+        "files are; `sqlite:////abs/path.db`) or `postgresql://user@host:port/db`. For SQLite "
+        "`?synchronous=NORMAL` trades the last commits before a power loss for speed; the "
+        "default `FULL` loses nothing acknowledged. Only `serve` and `store migrate` create a "
+        "SQLite store; other commands refuse a missing file",
+        lambda p: DEFAULT_STORE,
     ),
     "store_pool": Key("PostgreSQL connections per proxy process"),
     "store_pool.min_size": Key("connections kept open", lambda p: p.store_pool.min_size),

@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 from policies.templates import PathTemplate, StringTemplate
 
 # The characters and lengths are named on their own so that the OpenAPI document
-# states the same rule (proxy/openapi.py) rather than a copy of it.
+# states the same rule (proxy/openapi_parts.py) rather than a copy of it.
 RESOURCE_CHARS = "A-Za-z0-9._:@/+=-"
 MAX_RESOURCE_CHARS = 256
 HOLDER_CHARS = "A-Za-z0-9._:@-"

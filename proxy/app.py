@@ -33,6 +33,7 @@ from proxy.requests import (
 )
 from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME, UPSTREAMS, Runtime, Upstreams, runtime_of
+from reconcile import operations as reconciliation
 from reconcile.prober import Reconciler
 from store import Store, StoreUnavailable, open_store
 
@@ -158,9 +159,7 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     warning = None if replication is None else replication.warning()
     if warning is not None:
         log.warning("%s", warning)
-    # Before the listener opens: whatever this instance had in flight when it last
-    # stopped has an unknown fate now, and its resources must stay blocked.
-    recovered = await store.recover(store.instance_id, DEADLINE_MARGIN_S)
+    recovered = await reconciliation.recover_after_restart(store)
     if recovered:
         log.warning("effects in flight at the last stop are now UNKNOWN: %s", recovered)
     yield

@@ -43,7 +43,7 @@ from proxy.requests import MAX_HEADER_TOTAL, MAX_TARGET
 # would hold megabytes of it. Room is left for a method, a version and line ends.
 HEAD_LIMITS = HeadLimits(
     request_line=MAX_TARGET + 1024,
-    # aiohttp's own max_headers (proxy/cli.py PARSER_LIMITS): its plain-text 400
+    # aiohttp's own max_headers (proxy/cli_serve.py PARSER_LIMITS): its plain-text 400
     # for one more is then never reached.
     header_lines=256,
     header_bytes=MAX_HEADER_TOTAL + 8192,

@@ -27,6 +27,7 @@ from proxy.requests import (
 )
 from proxy.runtime import UPSTREAMS, Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
+from reconcile import operations as reconciliation
 
 PREFIX = "/_fence/v1"
 
@@ -342,9 +343,9 @@ def _operator(client: AuthClient, named: object) -> object:
 async def list_in_doubt(request: web.Request) -> web.Response:
     """What `fenceproxy reconcile list --json` prints: blocked resources, effects in doubt."""
     client = auth.require(request, Right.READ)
-    report = await operations.in_doubt(runtime_of(request).store)
+    report = await reconciliation.in_doubt(runtime_of(request).store)
     if not client.covers(None):
-        report = operations.InDoubt(
+        report = reconciliation.InDoubt(
             tuple(auth.in_scope(client, report.blocked_resources, lambda resource: resource)),
             tuple(auth.in_scope(client, report.effects, lambda entry: entry.effect.resource)),
         )

@@ -21,7 +21,7 @@ from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
-from core.probing import Conclusion, judge_probe
+from core.probing import Conclusion
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import forwarding
@@ -160,15 +160,9 @@ async def _ask_about_unknown_key(
             resource=resource,
             recovery_opened_at=window.opened_at,
         )
-    asked_at = await runtime.store.now()
-    status, error = await prober.ask_upstream_about(
-        upstreams.session,
-        route,
-        prober.probe_path(route, path, key),
-        {"Fence-Resource": resource},
+    verdict = await prober.probe_unknown_key(
+        runtime.store, upstreams.session, route, resource, path, key, window.opened_at
     )
-    verdict = judge_probe(status, error, route.reconcile, window.opened_at, asked_at)
-    log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
     if verdict.conclusion is Conclusion.NOT_COMMITTED:
         return None
     if verdict.conclusion is Conclusion.COMMITTED:
@@ -184,7 +178,7 @@ async def _ask_about_unknown_key(
             status=200,
             headers={"Fence-Resource": resource, forwarding.REPLAYED: "true"},
         )
-    wait_s = max(1, math.ceil(window.opened_at + route.reconcile.settle_s - asked_at))
+    wait_s = max(1, math.ceil(verdict.settle_left_s))
     runtime.metrics.count_refusal(ErrorCode.RECOVERY_WINDOW)
     return problem(
         ErrorCode.RECOVERY_WINDOW,

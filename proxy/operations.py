@@ -5,6 +5,9 @@ caller) and a Store, and returns a typed result or raises `OperationRefused`
 with the `ErrorCode` a client sees. `proxy/control.py` turns a refusal into
 problem+json and `proxy/cli.py` into its one-line message; neither checks
 anything of its own, so the two cannot disagree about what is allowed.
+
+Reconciliation itself (what is in doubt, a probe now, an operator's decision) is
+reconcile/operations.py's; what is here of it only checks the operator's words first.
 """
 
 from __future__ import annotations
@@ -29,13 +32,12 @@ from core.leasing_advice import (
     advise,
     template_glob,
 )
-from core.lifecycle import BLOCKING
-from core.probing import DEADLINE_MARGIN_S
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
 from policies.store_backends import store_backend
-from reconcile.prober import ProbeResult, probe_effect
+from reconcile import operations as reconciliation
+from reconcile.prober import ProbeResult
 from store import LeaseView, RecentLeases, Replica, Store, StoreError
 
 DEFAULT_LIST_LIMIT = 100
@@ -54,10 +56,6 @@ OUTCOMES = {
     "not_committed": EffectState.NOT_COMMITTED,
     "not-committed": EffectState.NOT_COMMITTED,
 }
-# "Blocked resources" of the in-doubt listing: those waiting for a probe or an operator.
-# A request merely in flight blocks a successor too, but waits for nobody; the
-# fenceproxy_blocked_resources gauge counts the same set.
-AWAITING_RECONCILIATION = frozenset({EffectState.UNKNOWN, EffectState.CONFLICTING})
 
 
 class OperationRefused(Exception):
@@ -140,7 +138,7 @@ def outcome(raw: object) -> EffectState:
 
 
 def _not_found(effect_id: str) -> OperationRefused:
-    return OperationRefused(ErrorCode.NOT_FOUND, f"no effect {effect_id}", {"effect_id": effect_id})
+    return OperationRefused.from_refusal(reconciliation.no_effect(effect_id))
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -204,90 +202,7 @@ async def list_rejections(store: Store, resource: str | None, limit: str | None)
     return await store.rejections(_resource_filter(resource), list_limit(limit))
 
 
-# --- reconciliation ----------------------------------------------------------------------
-
-
-async def _sweep(store: Store) -> None:
-    """Effects past their deadline can be in flight nowhere: mark them UNKNOWN first, so
-    that what follows sees them as they are, whether or not a proxy (whose background
-    sweep does the same every second) is running."""
-    await store.recover(None, DEADLINE_MARGIN_S)
-
-
-@dataclass(frozen=True)
-class InDoubtEffect:
-    effect: EffectRecord
-    age_s: float
-    last_event: EffectEvent | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            **self.effect.as_json(),
-            "age_s": round(self.age_s, 3),
-            "last_event": self.last_event.as_json() if self.last_event else None,
-        }
-
-
-@dataclass(frozen=True)
-class InDoubt:
-    """What waits for reconciliation: the blocked resources and the effects in doubt."""
-
-    blocked_resources: tuple[str, ...]
-    effects: tuple[InDoubtEffect, ...]  # oldest first
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "blocked_resources": list(self.blocked_resources),
-            "in_doubt": [entry.as_json() for entry in self.effects],
-        }
-
-
-async def in_doubt(store: Store) -> InDoubt:
-    await _sweep(store)
-    found: list[tuple[EffectRecord, EffectEvent | None]] = []
-    for listed in await store.in_doubt():
-        # Read again with its history as of one moment: it may have been settled since
-        # the listing, and then it is no longer in doubt.
-        effect, events = await store.effect_with_events(listed.id)
-        if effect is not None and effect.state in BLOCKING:
-            found.append((effect, events[-1] if events else None))
-    # Ages on the authority's clock, as every time the store records.
-    now = await store.now()
-    return InDoubt(
-        blocked_resources=tuple(
-            sorted({e.resource for e, _ in found if e.state in AWAITING_RECONCILIATION})
-        ),
-        effects=tuple(InDoubtEffect(e, now - e.created_at, last) for e, last in found),
-    )
-
-
-def check_probeable(effect: EffectRecord) -> None:
-    """Only an UNKNOWN effect waits for the upstream's word. A request still in flight
-    may yet land; a settled effect is not asked about again; a CONFLICTING one already
-    has contradicting evidence, and more of it cannot settle it: an operator must."""
-    context = {"effect_id": effect.id, "state": effect.state.value}
-    state = effect.state.value
-    if effect.state is EffectState.UNKNOWN:
-        return
-    if effect.state is EffectState.DISPATCHING:
-        raise OperationRefused(
-            ErrorCode.EFFECT_IN_FLIGHT,
-            f"the effect is {state} and its request may still be in flight; "
-            "only an UNKNOWN effect is probed",
-            context,
-        )
-    if effect.state is EffectState.CONFLICTING:
-        raise OperationRefused(
-            ErrorCode.CONFLICTING_EVIDENCE,
-            f"the effect is {state}: its evidence already disagrees and only an operator "
-            "resolves it; only an UNKNOWN effect is probed",
-            context,
-        )
-    raise OperationRefused(
-        ErrorCode.EFFECT_SETTLED,
-        f"the effect is already {state}; only an UNKNOWN effect is probed",
-        context,
-    )
+# --- reconciliation: the operator's words, parsed, then reconcile/operations.py -------------
 
 
 async def probe(
@@ -298,38 +213,22 @@ async def probe(
     actor: str | None = None,
     reason: object = None,
 ) -> ProbeResult:
-    """Ask the upstream now, whatever the probe schedule says, and record the answer
-    with `actor` (the admin API's client; None: this process) as who asked, and the
-    operator's `reason`, if given, after the answer's detail."""
+    """reconcile.operations.probe, with the operator's `reason` checked first."""
     note = None if reason is None else required_text(reason, "reason")
-    await _sweep(store)
-    effect = await store.effect(effect_id)
-    if effect is None:
-        raise _not_found(effect_id)
-    check_probeable(effect)
-    route = policy.route_named(effect.route)
-    if route is None or route.reconcile is None:
-        # The schedule records that no probe exists and leaves the effect to an operator;
-        # asked by hand, it is refused outright, and no attempt is counted.
-        raise OperationRefused(
-            ErrorCode.NO_PROBE,
-            f"the route {effect.route!r} has no reconcile block, so there is nothing to ask; "
-            "an operator settles the effect with `reconcile resolve`",
-            {"effect_id": effect.id, "route": effect.route},
-        )
-    return await probe_effect(store, session, policy, effect, actor, note)
+    result = await reconciliation.probe(store, session, policy, effect_id, actor, note)
+    if isinstance(result, Refusal):
+        raise OperationRefused.from_refusal(result)
+    return result
 
 
 async def resolve(
     store: Store, effect_id: str, decided: object, reason: object, operator: object
 ) -> EffectRecord:
-    """Record an operator's decision; the store refuses an effect that is not resolvable
-    (core.lifecycle.RESOLVABLE) or still in flight."""
+    """reconcile.operations.resolve, with the outcome, reason and operator checked first."""
     settled_as = outcome(decided)
     why = required_text(reason, "reason")
     who = required_text(operator, "operator")
-    await _sweep(store)
-    result = await store.resolve(effect_id, settled_as, why, who)
+    result = await reconciliation.resolve(store, effect_id, settled_as, why, who)
     if isinstance(result, Refusal):
         raise OperationRefused.from_refusal(result)
     return result

@@ -1,4 +1,5 @@
-"""Probing the upstream for effects whose outcome is unknown.
+"""Probing the upstream for effects whose outcome is unknown, and for idempotency keys a
+store that lost history (a failover's recovery window) does not know.
 
 The I/O shell around `core.probing`: render the route's probe request,
 send it, let `judge_probe` say what the answer proves, and record it. The
@@ -86,6 +87,40 @@ async def ask_upstream_about(
             return response.status, None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class KeyProbe:
+    """What the probe says of an idempotency key the store does not know."""
+
+    conclusion: Conclusion
+    detail: str
+    # How long, from the asking, until a "not applied" is believed (its settle window
+    # over); zero or less: it already is.
+    settle_left_s: float
+
+
+async def probe_unknown_key(
+    store: Store,
+    session: aiohttp.ClientSession,
+    route: Route,
+    resource: str,
+    path: str,
+    key: str,
+    since: float,
+) -> KeyProbe:
+    """Ask `route`'s probe whether the operation of `key` on `path` was applied, with the
+    settle window counted from `since` (on the store's clock): a "not applied" is
+    believed only once anything sent before `since` has had time to land."""
+    assert route.reconcile is not None
+    asked_at = await store.now()
+    status, error = await ask_upstream_about(
+        session, route, probe_path(route, path, key), {"Fence-Resource": resource}
+    )
+    verdict = judge_probe(status, error, route.reconcile, since, asked_at)
+    log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
+    settle_left_s = since + route.reconcile.settle_s - asked_at
+    return KeyProbe(verdict.conclusion, verdict.detail, settle_left_s)
 
 
 async def probe_effect(

@@ -40,6 +40,36 @@ def test_a_package_imports_only_the_floors_below_it(floor: int) -> None:
     assert upward == {}
 
 
+# The store's reconciliation calls: the sweep, what is in doubt, an operator's decision,
+# a probe's record, the probe schedule.
+STORE_RECONCILING = frozenset(
+    {"recover", "in_doubt", "resolve", "record_probe", "claim_due_probes"}
+)
+
+
+def _reaches_the_store(node: ast.expr) -> bool:
+    """`store.x` or `something.store.x`: how proxy/ names its Store."""
+    return (isinstance(node, ast.Name) and node.id == "store") or (
+        isinstance(node, ast.Attribute) and node.attr == "store"
+    )
+
+
+def test_the_proxy_reconciles_only_through_reconcile() -> None:
+    """reconcile/ owns reconciliation: proxy/ parses what an operator or a client sent
+    and calls reconcile/, never the store's reconciliation calls itself, so the admin
+    API and the CLI cannot reconcile in two ways."""
+    sources = sorted((ROOT / "proxy").rglob("*.py"))
+    direct = {
+        f"{source.relative_to(ROOT)}:{node.lineno}": node.attr
+        for source in sources
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr in STORE_RECONCILING
+        and _reaches_the_store(node.value)
+    }
+    assert direct == {}
+
+
 def test_the_examples_use_only_the_client_library() -> None:
     """examples/ shows a worker's view: it runs beside any proxy, through
     fenceproxy_client and HTTP, never by importing the server's own packages."""

@@ -1,28 +1,30 @@
-"""The lease-sizing math of issue 9 (core/leasing_advice.py), pinned by the worked
-example and its edge cases."""
+"""The lease-sizing math of issue 9 (core/lease_turns.py, core/leasing_advice.py),
+pinned by the worked example and its edge cases."""
 
 from __future__ import annotations
 
 import pytest
 
+from core.lease_turns import (
+    default_grid,
+    detection_delay,
+    nearest_rank,
+    share_outliving,
+    shortest_lease,
+    suggested_ttl,
+    ttl_floor,
+    turn_stats,
+)
 from core.leasing_advice import (
     AdviceRequest,
     LeaseLife,
     RouteSpec,
     advise,
-    default_grid,
-    detection_delay,
     group_of,
     holder_came_back,
-    nearest_rank,
     recommendation,
     routes_of_group,
-    share_outliving,
-    shortest_lease,
-    suggested_ttl,
     template_glob,
-    ttl_floor,
-    turn_stats,
 )
 from core.records import LeaseRecord
 

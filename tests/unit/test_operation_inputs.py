@@ -1,27 +1,25 @@
 """The rules of proxy/operations.py that need no store: what an operator or a client may
-send (resource names, reasons, limits, states, outcomes), and which effects a probe may
-ask about. The admin API and the CLI both refuse through these (see
-tests/integration/app/test_operations.py for the two side by side)."""
+send (resource names, reasons, limits, states, outcomes). The admin API and the CLI
+both refuse through these (see tests/integration/app/test_operations.py for the two
+side by side)."""
 
 from __future__ import annotations
 
 import pytest
 
 from core.codes import ErrorCode
-from core.records import EffectRecord, EffectState
+from core.records import EffectState
 from proxy.operations import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
     MAX_TEXT_CHARS,
     OperationRefused,
-    check_probeable,
     effect_state,
     list_limit,
     outcome,
     required_text,
     resource_name,
 )
-from tests.unit.effects import an_effect
 
 
 def invalid_request(error: pytest.ExceptionInfo[OperationRefused]) -> OperationRefused:
@@ -154,41 +152,3 @@ def test_other_outcomes_are_refused(raw: object) -> None:
     with pytest.raises(OperationRefused) as error:
         outcome(raw)
     assert invalid_request(error).detail == "outcome must be committed or not_committed"
-
-
-# --- which effects a probe may ask about ---------------------------------------------------------
-
-
-def effect(state: EffectState) -> EffectRecord:
-    return an_effect(state, deadline=1_005.0)
-
-
-def test_an_unknown_effect_is_probed() -> None:
-    check_probeable(effect(EffectState.UNKNOWN))
-
-
-PROBE_REFUSED = {
-    EffectState.DISPATCHING: ErrorCode.EFFECT_IN_FLIGHT,
-    EffectState.COMMITTED: ErrorCode.EFFECT_SETTLED,
-    EffectState.NOT_COMMITTED: ErrorCode.EFFECT_SETTLED,
-    EffectState.NOT_SENT: ErrorCode.EFFECT_SETTLED,
-    # In doubt, but more evidence cannot settle it: only an operator can.
-    EffectState.CONFLICTING: ErrorCode.CONFLICTING_EVIDENCE,
-}
-
-
-def test_every_state_is_either_probed_or_refused_here() -> None:
-    # A new state must be decided on, not fall through to "settled".
-    assert {*PROBE_REFUSED, EffectState.UNKNOWN} == set(EffectState)
-
-
-@pytest.mark.parametrize(("state", "code"), PROBE_REFUSED.items())
-def test_every_other_state_refuses_a_probe_with_its_own_code(
-    state: EffectState, code: ErrorCode
-) -> None:
-    with pytest.raises(OperationRefused) as error:
-        check_probeable(effect(state))
-    assert error.value.code is code
-    assert error.value.context == {"effect_id": "eff-1", "state": state.value}
-    assert state.value in error.value.detail
-    assert "only an UNKNOWN effect is probed" in error.value.detail

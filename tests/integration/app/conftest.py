@@ -41,7 +41,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 from demo.upstream import make_app as make_upstream_app
 from policies import Policy, parse_policy
 from proxy.app import build_app
-from proxy.cli import server_options
+from proxy.cli_serve import server_options
 from proxy.runtime import RUNTIME
 from store import Store
 from tests import pg

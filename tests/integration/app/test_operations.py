@@ -1,5 +1,6 @@
-"""proxy/operations.py on a real store, SQLite and PostgreSQL: the operations the admin
-API and the CLI share, their preconditions and refusals, with no app in between.
+"""proxy/operations.py and reconcile/operations.py on a real store, SQLite and
+PostgreSQL: the operations the admin API and the CLI share, their preconditions and
+refusals, with no app in between.
 
 The store here has no background reconciler, so every sweep seen is the operation's own.
 """
@@ -18,6 +19,7 @@ from core.records import EffectState
 from policies import Policy, parse_policy
 from proxy import operations
 from proxy.operations import MAX_TEXT_CHARS, OperationRefused
+from reconcile import operations as reconciliation
 from store import Admitted, NewEffect, Store
 from tests.integration.app.conftest import FakeClock, closed_port, policy_yaml
 from tests.integration.app.test_store_contract import granted, new_token_hash, running_store
@@ -89,7 +91,7 @@ def refusal(error: pytest.ExceptionInfo[OperationRefused], code: ErrorCode) -> O
 
 
 async def test_in_doubt_on_an_empty_store_is_empty(store: Store) -> None:
-    report = await operations.in_doubt(store)
+    report = await reconciliation.in_doubt(store)
     assert report.as_json() == {"blocked_resources": [], "in_doubt": []}
 
 
@@ -97,7 +99,7 @@ async def test_in_doubt_sweeps_overdue_effects_first(store: Store, clock: FakeCl
     effect_id = await dispatching(store)
     clock.advance(PAST_DEADLINE_S)
 
-    report = await operations.in_doubt(store)
+    report = await reconciliation.in_doubt(store)
 
     [entry] = report.effects
     assert (entry.effect.id, entry.effect.state) == (effect_id, EffectState.UNKNOWN)
@@ -112,7 +114,7 @@ async def test_a_request_in_flight_is_in_doubt_but_waits_for_nobody(
     # Admitted after the clock moved: within its deadline at the listing.
     in_flight = await dispatching(store, "supplier:flying", key="order-2")
 
-    report = await operations.in_doubt(store)
+    report = await reconciliation.in_doubt(store)
 
     states = {entry.effect.id: entry.effect.state for entry in report.effects}
     assert states[waiting] is EffectState.UNKNOWN
@@ -125,7 +127,7 @@ async def test_in_doubt_ages_are_on_the_store_clock(store: Store, clock: FakeClo
     effect_id = await dispatching(store)
     clock.advance(PAST_DEADLINE_S + 60)
 
-    [entry] = (await operations.in_doubt(store)).effects
+    [entry] = (await reconciliation.in_doubt(store)).effects
 
     assert entry.effect.id == effect_id
     assert entry.age_s == clock.approx(PAST_DEADLINE_S + 60)
@@ -134,7 +136,7 @@ async def test_in_doubt_ages_are_on_the_store_clock(store: Store, clock: FakeClo
 
 async def test_settled_effects_are_not_in_doubt(store: Store, clock: FakeClock) -> None:
     await committed(store, clock)
-    assert (await operations.in_doubt(store)).as_json() == {
+    assert (await reconciliation.in_doubt(store)).as_json() == {
         "blocked_resources": [],
         "in_doubt": [],
     }
