@@ -1,8 +1,8 @@
-"""SQLite backend: WAL, synchronous=FULL, group commit, a thread per connection.
+"""SQLite backend: WAL, synchronous=FULL, group commit, on aiosqlite.
 
 Every admission and every receipt is a durable commit. Paying one fsync per
 request would cap throughput at the disk's flush rate, so writes queue up and
-the writer's thread runs whatever has queued in a single transaction: each operation
+the writer runs whatever has queued in a single transaction: each operation
 still sees the effects of the ones before it (they run one after another on
 one connection), and none is acknowledged before the COMMIT that holds it
 returned. If an operation fails, the batch is rolled back and its operations
@@ -17,13 +17,15 @@ One stat() per file per batch costs microseconds against a commit's fsync. A
 mismatch is final: the store answers StoreUnavailable until the process restarts
 (and a restart on a store it does not know is refused, see proxy/identity.py).
 
-Each connection has a thread of its own that alone uses it (`ConnectionThread`).
-The writer's thread takes what has queued itself, runs it as one batch and wakes
-the waiters from there: the event loop neither forms batches nor hands them over,
-so the next batch starts as soon as the last one committed. A whole batch runs on
-that thread in one go: the store's operations are coroutines that only await this
-module's transaction methods, which never suspend, so the thread drives them to
-completion itself (`_drive`).
+Each connection is an aiosqlite connection (the library runs it on a thread of its
+own), and one task on the event loop alone uses it (`OperationQueue`): callers queue
+store operations; the writer's task runs whatever has queued as one transaction, the
+reader's runs them one snapshot each. As only that task uses its connection, an
+operation may await anything: no other operation's statements come in between.
+Whatever an operation raises, BaseException included, rolls its transaction back and
+is its own caller's answer, and the task goes on; closing the store answers what is
+still queued. bench/README.md has the measurements that chose aiosqlite over the
+hand-written connection thread this module had before.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ import asyncio
 import collections
 import contextlib
 import os
-import queue
 import sqlite3
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import aiosqlite
 
 from store.base import Operation, Row, StoreError, StoreUnavailable, T
 from store.history import RecoveryWindow, Replication
@@ -47,12 +49,14 @@ from store.queries import load_migrations, load_queries
 MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 Outcome = tuple[bool, Any]
-A = TypeVar("A")
 FileIdentity = tuple[int, int]
 # Each named block as its statements: a block may hold several (no round trips here to
 # save, but the same block on PostgreSQL is one statement); empty for a block this
 # backend does not need.
 Queries = dict[str, tuple[str, ...]]
+_Job = tuple[Operation[Any], asyncio.Future[Any]]
+# Runs a batch of operations on its connection, one outcome each.
+BatchRunner = Callable[[list[Operation[Any]]], Awaitable[list[Outcome]]]
 
 
 def _file_identity(path: Path) -> FileIdentity | None:
@@ -65,54 +69,58 @@ def _file_identity(path: Path) -> FileIdentity | None:
 
 
 class SQLiteTx:
-    """Statements on the connection thread; `async` only to share the Tx protocol."""
+    """One transaction's statements, on the connection of the task that runs it."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: Queries, now: float) -> None:
+    def __init__(self, conn: aiosqlite.Connection, queries: Queries, now: float) -> None:
         self._conn = conn
         self._queries = queries
         self.now = now
 
-    def _cursor(self, query: str, params: dict[str, Any]) -> sqlite3.Cursor | None:
-        """The block's statements run in order; the cursor of its last (None: empty)."""
+    async def _all_but_last(self, query: str, params: dict[str, Any]) -> str | None:
+        """Runs the block's statements but its last, and answers that (None: empty)."""
         statements = self._queries[query]
         if not statements:  # a block this backend does not need (see lock_resource)
             return None
         for sql in statements[:-1]:
-            self._conn.execute(sql, params)
-        return self._conn.execute(statements[-1], params)
+            await self._conn.execute(sql, params)
+        return statements[-1]
 
     async def one(self, query: str, **params: Any) -> Row | None:
-        cursor = self._cursor(query, params)
-        row = cursor.fetchone() if cursor is not None else None
-        return dict(row) if row is not None else None
+        rows = await self.all(query, **params)
+        return rows[0] if rows else None
 
     async def all(self, query: str, **params: Any) -> list[Row]:
-        cursor = self._cursor(query, params)
-        return [dict(row) for row in cursor] if cursor is not None else []
+        last = await self._all_but_last(query, params)
+        if last is None:
+            return []
+        return [dict(row) for row in await self._conn.execute_fetchall(last, params)]
 
     async def execute(self, query: str, **params: Any) -> int:
-        cursor = self._cursor(query, params)
-        return cursor.rowcount if cursor is not None else 0
+        last = await self._all_but_last(query, params)
+        if last is None:
+            return 0
+        return (await self._conn.execute(last, params)).rowcount
 
 
-def _resolve(futures: list[asyncio.Future[Any]], outcomes: list[Outcome]) -> None:
-    for future, (ok, value) in zip(futures, outcomes, strict=True):
-        if future.done():  # its waiter was cancelled
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+def _being_cancelled(exc: BaseException) -> bool:
+    """Whether `exc` is the running task's own cancellation (not an operation's error)."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
 
 
-def _drive(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends, here and now."""
-    try:
-        coroutine.send(None)
-    except StopIteration as finished:
-        return finished.value  # type: ignore[no-any-return]
-    coroutine.close()
-    raise RuntimeError("a store operation awaited something other than its transaction")
+def _translated(exc: BaseException, what: str) -> BaseException:
+    """A driver's error as the store's; anything else as it was raised."""
+    if isinstance(exc, sqlite3.Error):
+        error = StoreUnavailable(f"{what} failed: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+async def _roll_back(conn: aiosqlite.Connection) -> None:
+    """Ends whatever transaction is open (none: BEGIN itself failed, or COMMIT ended it)."""
+    with contextlib.suppress(sqlite3.Error):
+        await conn.execute("ROLLBACK")
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, str]:
@@ -128,136 +136,88 @@ def parse_sqlite_url(url: str) -> tuple[Path, str]:
     return Path(raw_path), synchronous
 
 
-class _Call:
-    """A function for the connection's thread, run on its own."""
+class OperationQueue:
+    """Store operations for one connection, run in the order they were queued by one
+    task that alone uses the connection: whatever has queued when it is free (up to
+    `max_batch`) goes to `run_batch` at once, and each outcome to its own waiter."""
 
-    __slots__ = ("argument", "function")
-
-    def __init__(self, function: Callable[[sqlite3.Connection, Any], Any], argument: Any) -> None:
-        self.function = function
-        self.argument = argument
-
-
-_Job = tuple[Operation[Any] | _Call, asyncio.Future[Any]]
-# Runs a batch of operations on the connection, one outcome each.
-BatchRunner = Callable[[sqlite3.Connection, list[Operation[Any]]], list[Outcome]]
-
-
-class ConnectionThread:
-    """One sqlite3 connection and the one thread that uses it.
-
-    `call` runs a function on the thread. `submit` queues a store operation; the
-    thread runs whatever operations have queued (up to MAX_BATCH) as one batch
-    through `run_batch`, and resolves each waiter from the thread itself.
-    """
-
-    def __init__(
-        self, name: str, connect: Callable[[], sqlite3.Connection], run_batch: BatchRunner
-    ) -> None:
-        self._connect = connect
+    def __init__(self, name: str, run_batch: BatchRunner, max_batch: int = MAX_BATCH) -> None:
+        self._name = name
         self._run_batch = run_batch
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._started = False
+        self._max_batch = max_batch
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._queued = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def start(self) -> None:
-        """Start the thread and open its connection (errors reach the caller)."""
-        self._thread.start()
-        self._started = True
-        await self.call(lambda conn, _: None, None)
-
-    def call(
-        self, function: Callable[[sqlite3.Connection, A], T], argument: A
-    ) -> asyncio.Future[T]:
-        """`function(connection, argument)` on the thread, queued now, in order."""
-        return self._enqueue(_Call(function, argument))
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._serve(), name=self._name)
 
     def submit(self, operation: Operation[T]) -> asyncio.Future[T]:
-        """A store operation, queued now, to run in the next batch."""
-        return self._enqueue(operation)
-
-    def _enqueue(self, job: Operation[Any] | _Call) -> asyncio.Future[Any]:
-        if not self._started or self._closed:
+        """An operation, queued now, to run in the next batch."""
+        if self._task is None or self._closed:
             raise StoreUnavailable("the store is not open")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._jobs.put((job, future))
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.append((operation, future))
+        self._queued.set()
         return future
 
     async def stop(self) -> None:
-        """Let the thread finish what was queued, close the connection, and end."""
-        if not self._started or self._closed:
-            return
+        """Take no more operations, run those queued, and end the task."""
         self._closed = True
-        self._jobs.put(None)
-        await asyncio.to_thread(self._thread.join)
+        self._queued.set()
+        if self._task is not None:
+            await asyncio.wait([self._task])  # its own cancellation is not this caller's
 
-    def _serve(self) -> None:
-        conn: sqlite3.Connection | None = None
-        failure: Exception | None = None
+    async def _serve(self) -> None:
         try:
-            conn = self._connect()
-        except Exception as exc:  # answered to every job, the first being start()'s
-            failure = exc
-        held: collections.deque[_Job | None] = collections.deque()
-        while True:
-            job = held.popleft() if held else self._jobs.get()
-            if job is None:
-                break
-            work, future = job
-            if isinstance(work, _Call):
-                futures, outcomes = [future], [_call(conn, work, failure)]
-            else:
-                batch = [job, *self._queued_operations(held)]
-                futures = [future for _, future in batch]
-                operations = [work for work, _ in batch if not isinstance(work, _Call)]
-                outcomes = self._batch_outcomes(conn, failure, operations)
-            _wake(futures, outcomes)
-        if conn is not None:
-            conn.close()
+            while self._jobs or not self._closed:
+                if not self._jobs:
+                    self._queued.clear()
+                    await self._queued.wait()
+                    continue
+                await self._answer(self._next_batch())
+        finally:
+            # Cancelled (a loop shutting down with the store open): nobody waits in vain.
+            self._closed = True
+            gone = StoreUnavailable("the store closed before this ran")
+            while self._jobs:
+                _, future = self._jobs.popleft()
+                if not future.done():
+                    future.set_exception(gone)
 
-    def _batch_outcomes(
-        self,
-        conn: sqlite3.Connection | None,
-        failure: Exception | None,
-        operations: list[Operation[Any]],
-    ) -> list[Outcome]:
-        if conn is None:
-            return [(False, failure)] * len(operations)
+    def _next_batch(self) -> list[_Job]:
+        """The queued operations, up to a batch, but those whose caller stopped waiting."""
+        batch: list[_Job] = []
+        while self._jobs and len(batch) < self._max_batch:
+            job = self._jobs.popleft()
+            if not job[1].done():
+                batch.append(job)
+        return batch
+
+    async def _answer(self, batch: list[_Job]) -> None:
+        if not batch:
+            return
         try:
-            return self._run_batch(conn, operations)
-        except Exception as exc:  # a bug: its waiters hear of it, the thread goes on
-            return [(False, exc)] * len(operations)
-
-    def _queued_operations(self, held: collections.deque[_Job | None]) -> list[_Job]:
-        """The operations queued now, up to a batch; the first other job is held back."""
-        found: list[_Job] = []
-        while len(found) < MAX_BATCH - 1:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is None or isinstance(job[0], _Call):
-                held.append(job)
-                break
-            found.append(job)
-        return found
+            outcomes = await self._run_batch([operation for operation, _ in batch])
+        except BaseException as exc:  # a bug in the runner: its batch hears of it, not later ones
+            if _being_cancelled(exc):
+                outcomes = [(False, StoreUnavailable("the store closed while this ran"))]
+                outcomes *= len(batch)
+                _resolve(batch, outcomes)
+                raise
+            outcomes = [(False, exc)] * len(batch)
+        _resolve(batch, outcomes)
 
 
-def _call(conn: sqlite3.Connection | None, call: _Call, failure: Exception | None) -> Outcome:
-    if conn is None:
-        return False, failure
-    try:
-        return True, call.function(conn, call.argument)
-    except Exception as exc:
-        return False, exc
-
-
-def _wake(futures: list[asyncio.Future[Any]], outcomes: list[Outcome]) -> None:
-    """Resolve the waiters on their loop, from the connection's thread."""
-    loop = futures[0].get_loop()
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-        loop.call_soon_threadsafe(_resolve, futures, outcomes)
+def _resolve(batch: list[_Job], outcomes: list[Outcome]) -> None:
+    for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+        if future.done():  # its waiter was cancelled
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 class SQLiteConnector:
@@ -267,8 +227,11 @@ class SQLiteConnector:
         self._queries: Queries = {
             name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
         }
-        self._writer: ConnectionThread | None = None
-        self._reader: ConnectionThread | None = None
+        self._connections: list[aiosqlite.Connection] = []
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._writes: OperationQueue | None = None
+        self._reads: OperationQueue | None = None
         # The files opened (the database, and its -wal when there is one) and their
         # identity then; set once a check finds one deleted or replaced, for good.
         self._files: dict[Path, FileIdentity] = {}
@@ -278,8 +241,9 @@ class SQLiteConnector:
         self.recovery: RecoveryWindow | None = None
         self.replication: Replication | None = None
 
-    def _connect(self, *pragmas: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None)
+    async def _connect(self, *pragmas: str) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        self._connections.append(conn)  # closed by close(), whatever fails next
         conn.row_factory = sqlite3.Row
         for pragma in (
             "busy_timeout = 10000",
@@ -288,7 +252,7 @@ class SQLiteConnector:
             "cache_size = -65536",
             *pragmas,
         ):
-            conn.execute(f"PRAGMA {pragma}")
+            await conn.execute(f"PRAGMA {pragma}")
         return conn
 
     async def open(self) -> None:
@@ -296,26 +260,23 @@ class SQLiteConnector:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self.path.parent}: {exc}") from exc
-        self._writer = ConnectionThread(
-            "sqlite-writer",
-            lambda: self._connect("journal_mode = WAL", f"synchronous = {self.synchronous}"),
-            self._write_batch,
-        )
-        self._reader = ConnectionThread(
-            "sqlite-reader", lambda: self._connect("query_only = ON"), self._read_batch
-        )
         try:
-            await self._writer.start()
-            await self._writer.call(self._migrate, None)
-            await self._reader.start()
+            writer = await self._connect("journal_mode = WAL", f"synchronous = {self.synchronous}")
+            await self._migrate(writer)
+            reader = await self._connect("query_only = ON")
             # A read opens (or creates) the -wal file, so that both exist from here on.
-            await self._reader.call(
-                lambda conn, _: conn.execute("SELECT count(*) FROM schema_migrations").fetchall(),
-                None,
-            )
+            await reader.execute_fetchall("SELECT count(*) FROM schema_migrations")
         except sqlite3.Error as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+        except BaseException:
+            await self.close()
+            raise
+        self._writer, self._reader = writer, reader
+        self._writes = OperationQueue("sqlite-writer", self._write_batch)
+        self._reads = OperationQueue("sqlite-reader", self._read_batch)
+        self._writes.start()
+        self._reads.start()
         self.lost = None
         self._files = {}
         for path in (self.path, self.path.with_name(f"{self.path.name}-wal")):
@@ -324,38 +285,52 @@ class SQLiteConnector:
                 self._files[path] = identity
 
     async def close(self) -> None:
-        for thread in (self._writer, self._reader):
-            if thread is not None:
-                await thread.stop()
+        """Runs what is queued, then closes the connections."""
+        for queue in (self._writes, self._reads):
+            if queue is not None:
+                await queue.stop()
+        self._writes = self._reads = None
         self._writer = self._reader = None
+        failure: sqlite3.Error | None = None
+        while self._connections:
+            try:
+                await self._connections.pop().close()
+            except sqlite3.Error as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise StoreUnavailable(f"closing {self.path} failed: {failure}") from failure
 
     async def pragma(self, name: str) -> Any:
         """The writer connection's setting `name` (journal_mode, synchronous, ...)."""
         if self._writer is None:
             raise StoreUnavailable("the store is not open")
-        return await self._writer.call(
-            lambda conn, _: conn.execute(f"PRAGMA {name}").fetchone()[0], None
-        )
+        try:
+            rows = list(await self._writer.execute_fetchall(f"PRAGMA {name}"))
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"PRAGMA {name} failed: {exc}") from exc
+        return rows[0][0] if rows else None  # an unknown pragma answers nothing
 
-    def _migrate(self, conn: sqlite3.Connection, _: None) -> None:
-        conn.execute(
+    async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations "
             "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
         )
-        applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+        applied = {
+            row[0] for row in await conn.execute_fetchall("SELECT version FROM schema_migrations")
+        }
         for version, name, sql in load_migrations("sqlite"):
             if version in applied:
                 continue
-            conn.execute("BEGIN IMMEDIATE")
+            await conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in _split_statements(sql):
-                    conn.execute(statement)
-                conn.execute(
+                    await conn.execute(statement)
+                await conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, self._clock())
                 )
-                conn.execute("COMMIT")
+                await conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                await _roll_back(conn)
                 raise
 
     def _check_files(self) -> str | None:
@@ -374,11 +349,11 @@ class SQLiteConnector:
 
     async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
         # own_clock: this backend's clock is the connector's anyway.
-        if self._writer is None:
+        if self._writes is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return await self._writer.submit(operation)
+        return await self._writes.submit(operation)
 
     async def statement(self, query: str, **params: Any) -> Row | None:
         """A block as a transaction of its own: nothing to save here, where a
@@ -388,42 +363,36 @@ class SQLiteConnector:
         return None
 
     async def read(self, operation: Operation[T]) -> T:
-        if self._reader is None:
+        if self._reads is None:
             raise StoreUnavailable("the store is not open")
-        return await self._reader.submit(operation)
+        return await self._reads.submit(operation)
 
-    def _read_batch(
-        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
-    ) -> list[Outcome]:
+    async def _read_batch(self, operations: list[Operation[Any]]) -> list[Outcome]:
         """Reads that queued together, each in a snapshot of its own."""
-        return [self._read(conn, operation) for operation in operations]
+        return [await self._read(operation) for operation in operations]
 
-    def _read(self, conn: sqlite3.Connection, operation: Operation[Any]) -> Outcome:
+    async def _read(self, operation: Operation[Any]) -> Outcome:
         # A read of a deleted file would answer from records that are gone for good.
         lost = self._check_files()
         if lost is not None:
             return False, StoreUnavailable(lost)
-        try:
-            conn.execute("BEGIN")
-            try:
-                return True, _drive(operation(SQLiteTx(conn, self._queries, self._clock())))
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            return False, StoreUnavailable(f"read failed: {exc}")
-        except Exception as exc:
-            return False, exc
+        assert self._reader is not None  # the queue runs only while the store is open
+        (outcome,) = await self._transaction(self._reader, "BEGIN", [operation], "read")
+        return outcome
 
-    def _write_batch(
-        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
-    ) -> list[Outcome]:
+    async def _write_batch(self, operations: list[Operation[Any]]) -> list[Outcome]:
+        assert self._writer is not None  # the queue runs only while the store is open
+        writer = self._writer
         # Already lost: nothing more goes into the old file.
         lost = self.lost
         if lost is None:
-            outcomes = self._transaction(conn, operations)
+            outcomes = await self._transaction(writer, "BEGIN IMMEDIATE", operations, "write")
             if len(operations) > 1 and not all(ok for ok, _ in outcomes):
                 # One failed and took the batch down with it: each again, on its own.
-                outcomes = [self._transaction(conn, [operation])[0] for operation in operations]
+                outcomes = [
+                    (await self._transaction(writer, "BEGIN IMMEDIATE", [operation], "write"))[0]
+                    for operation in operations
+                ]
             # After COMMIT, before anyone is answered: a file deleted before or while
             # the batch ran took the batch along.
             lost = self._check_files()
@@ -431,26 +400,23 @@ class SQLiteConnector:
             return [(False, StoreUnavailable(lost))] * len(operations)
         return outcomes
 
-    def _transaction(
-        self, conn: sqlite3.Connection, operations: list[Operation[Any]]
+    async def _transaction(
+        self, conn: aiosqlite.Connection, begin: str, operations: list[Operation[Any]], what: str
     ) -> list[Outcome]:
         """Run operations in one transaction: all kept, or all failed and rolled back."""
         results: list[Outcome] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            await conn.execute(begin)
             for operation in operations:
                 results.append(
-                    (True, _drive(operation(SQLiteTx(conn, self._queries, self._clock()))))
+                    (True, await operation(SQLiteTx(conn, self._queries, self._clock())))
                 )
-            conn.execute("COMMIT")
-        except Exception as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            error = (
-                StoreUnavailable(f"write failed: {exc}") if isinstance(exc, sqlite3.Error) else exc
-            )
-            return [(False, error)] * len(operations)
+            await conn.execute("COMMIT")
+        except BaseException as exc:  # whatever it is, the file's lock is not kept
+            await _roll_back(conn)
+            if _being_cancelled(exc):
+                raise
+            return [(False, _translated(exc, what))] * len(operations)
         return results
 
 
