@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools.mutate import ROOT, Mutant, Result, generate_mutants, main, report, run_mutants
+from devtools.mutants import Mutant, generate_mutants
+from devtools.mutate import ROOT, Result, main, report, run_mutants
 
 
 def descriptions(source: str) -> list[str]:
