@@ -180,7 +180,7 @@ class Ending:
 
 @dataclass(frozen=True)
 class LeaseLife:
-    """One lease as the store recorded it (store/manager.py `lease_lives`)."""
+    """One lease as the store recorded it (store/leases.py `lease_lives`)."""
 
     resource: str
     epoch: int

@@ -37,6 +37,7 @@ from proxy.auth import (
 from proxy.forwarding import new_client_session
 from proxy.identity import STATE_DIR_ENV, IdentityCheck, default_state_dir, memory_file
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
+from proxy.presentation import lease_view_json
 from proxy.runtime import RUNTIME
 from proxy.terminal import printable
 from reconcile.prober import ProbeResult
@@ -488,7 +489,7 @@ def _when(timestamp: float | None) -> str:
 
 def _leases_show(args: argparse.Namespace) -> int:
     view = _with_store(args, lambda store: operations.lease_view(store, args.resource))
-    data = view.as_json()
+    data = lease_view_json(view)
     _print(
         args,
         data,
