@@ -20,8 +20,6 @@ from fnmatch import fnmatchcase
 from fractions import Fraction
 from typing import Any
 
-from core.records import LeaseRecord
-
 # The advice warns when it rests on fewer turns than this.
 FEW_TURNS = 20
 PERCENTILES = (50, 90, 99)
@@ -31,9 +29,6 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 # About this many points in the default false-expiry curve, on a round step.
 CURVE_POINTS = 12
 _ROUND_STEPS = (1, 2, 2.5, 5)
-# Refusals of a token whose lease has passed; `holder_came_back` says which of them
-# prove the holder was alive after its lease expired.
-_PAST_LEASE_CODES = frozenset({"lease_expired", "stale_epoch"})
 _MILLISECOND = Decimal("0.001")
 # Room for any float's digits to the millisecond: quantize refuses (InvalidOperation)
 # a result longer than its context's precision, and the default is 28 digits.
@@ -124,17 +119,6 @@ def ttl_floor(longest_turn_s: float | None, upstream_timeouts_s: Iterable[float]
         return 0.0
     longest = max(Decimal(repr(longest_turn_s or 0.0)), Decimal(repr(timeout)))
     return float(longest + Decimal(repr(timeout)))
-
-
-def holder_came_back(lease: LeaseRecord | None, code: str | None, now: float) -> bool:
-    """Whether a refusal of this lease's token proves its holder was alive after the
-    lease expired (a measured false expiry): refused as lease_expired or stale_epoch,
-    and the lease expired before anyone ended it. A lease released or revoked before
-    it expired is stale without saying anything about its holder's liveness."""
-    if lease is None or code not in _PAST_LEASE_CODES:
-        return False
-    ended = lease.ended_at if lease.ended_at is not None else now
-    return lease.expires_at <= ended and lease.expires_at <= now
 
 
 @dataclass(frozen=True)

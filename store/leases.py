@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from core import fencing
 from core.codes import ErrorCode
-from core.fencing import Grant, LiveLeases
-from core.leasing_advice import Ending, LeaseLife, holder_came_back
+from core.fencing import Grant, LiveLeases, holder_came_back
+from core.leasing_advice import Ending, LeaseLife
 from core.records import LeaseRecord, Refusal, ResourceState
 from store.base import Row, Tx
 from store.part import StorePart
@@ -300,7 +300,7 @@ async def _lease_and_state(
 
 async def mark_came_back(tx: Tx, lease: LeaseRecord | None, code: str) -> str | None:
     """Mark `lease` if `code`, refusing its token now, proves its holder alive after the
-    lease expired (core.leasing_advice.holder_came_back); its resource if newly marked. In the
+    lease expired (core.fencing.holder_came_back); its resource if newly marked. In the
     transaction that looked the token up: no round trip of its own."""
     if lease is None or not holder_came_back(lease, code, tx.now):
         return None

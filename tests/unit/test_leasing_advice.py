@@ -13,7 +13,6 @@ from core.leasing_advice import (
     default_grid,
     detection_delay,
     group_of,
-    holder_came_back,
     nearest_rank,
     recommendation,
     routes_of_group,
@@ -24,7 +23,6 @@ from core.leasing_advice import (
     ttl_floor,
     turn_stats,
 )
-from core.records import LeaseRecord
 
 # 40 turns with p50 0.539, p90 1.334, p99 = max 2.669 (the worked example): 5
 # at or below 0.25 s, 15 at or below 0.5 s, t20 = 0.539, t36 = 1.334, t38 = 1.449.
@@ -243,20 +241,6 @@ def test_expired_leases_are_split_by_whether_their_holder_came_back() -> None:
     ]
 
 
-def test_a_holder_comes_back_only_to_a_lease_that_expired_before_it_ended() -> None:
-    expired = _record(expires_at=NOW - 1)
-    assert holder_came_back(expired, "lease_expired", NOW)
-    assert holder_came_back(expired, "stale_epoch", NOW)
-    assert not holder_came_back(expired, "wrong_resource", NOW)
-    assert not holder_came_back(None, "stale_epoch", NOW)
-    released_in_time = _record(expires_at=NOW - 1, ended_at=NOW - 2)
-    assert not holder_came_back(released_in_time, "stale_epoch", NOW)
-    superseded = _record(expires_at=NOW - 2, ended_at=NOW - 1)
-    assert holder_came_back(superseded, "stale_epoch", NOW)
-    live = _record(expires_at=NOW + 1)
-    assert not holder_came_back(live, "stale_epoch", NOW)
-
-
 def test_route_latencies_warn_when_the_timeout_sits_inside_the_tail() -> None:
     routes = [RouteSpec("put-rule", "rule:*", 0.5)]
     slow = [("put-rule", 0.1)] * 98 + [("put-rule", 0.5), ("put-rule", 0.5)]
@@ -307,10 +291,6 @@ def _released(resource: str, turn_s: float) -> LeaseLife:
         renewals=0,
         came_back_at=None,
     )
-
-
-def _record(expires_at: float, ended_at: float | None = None) -> LeaseRecord:
-    return LeaseRecord("job:1", 1, "w", NOW - 100, expires_at, ended_at, None)
 
 
 @pytest.mark.parametrize("percent", [50, 90, 99])
