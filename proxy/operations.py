@@ -29,8 +29,7 @@ from core.leasing_advice import (
     advise,
     template_glob,
 )
-from core.lifecycle import BLOCKING
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import BLOCKING, DEADLINE_MARGIN_S
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS

@@ -7,12 +7,12 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from core import fencing, lifecycle
 from core.fencing import AdmissionRequest, Admit, Replay
-from core.lifecycle import Event, Key, Record
+from core.lifecycle import Event, Key, Plan
 from core.records import (
     EffectRecord,
     EffectState,
@@ -224,28 +224,27 @@ class Effects(StorePart):
         reason: str,
         response: StoredResponse | None,
     ) -> Receipt | None:
-        """The receipt as apply_event would record it on the effect as admitted, as one
-        statement (the `receipt` block); None if the backend has no such block, the
-        effect had moved on (a sweep, an operator), or the receipt frees a key another
-        effect under it still needs (`lifecycle.key_heir`): then nothing was written."""
-        step = lifecycle.transition(admitted.state, event)
-        # A settled step is the only kind a receipt takes on an effect as admitted
-        # (DISPATCHING); anything else, the long way, which knows every kind.
-        if step is None or step.record is not Record.SETTLED or step.key is Key.HOLD:
+        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written as one
+        statement (the `receipt` block); None if the backend has no such block, the plan
+        is not one the block writes, the effect had moved on (a sweep, an operator), or
+        the receipt frees a key another effect under it still needs (`lifecycle.key_heir`):
+        then nothing was written."""
+        plan = lifecycle.plan(
+            admitted, event, reason, upstream_status=upstream_status, response=response
+        )
+        if plan is None or not _one_statement(plan):
             return None
-        has_key = admitted.idempotency_key is not None
-        kept = response if step.store_response else None
-        plain = step.next is not EffectState.UNKNOWN
+        kept = plan.response
         row = await self.connector.statement(
             "receipt",
             id=admitted.id,
             resource=admitted.resource,
             expected=admitted.state.value,
-            state=step.next.value,
-            upstream_status=upstream_status,
-            reason=reason,
-            probe_now=step.next is EffectState.UNKNOWN,
-            key_action=step.key.name.lower() if has_key else "keep",
+            state=plan.state.value,
+            upstream_status=plan.upstream_status,
+            reason=plan.reason,
+            probe_now=plan.probe_now,
+            key_action=plan.key.name.lower(),
             idempotency_key=admitted.idempotency_key,
             fingerprint=admitted.fingerprint,
             epoch=admitted.epoch,
@@ -253,24 +252,14 @@ class Effects(StorePart):
             status=kept.status if kept else None,
             headers=response_meta(kept) if kept else None,
             body=kept.body if kept else None,
-            key_settled_by=None if kept else "receipt",
+            key_settled_by=plan.key_settled_by,
             kind="dispatch",
             actor=self.instance_id,
-            # The plain receipt is in the effect's row; an UNKNOWN one is history.
-            conclusion=None if plain else step.next.value.lower(),
+            conclusion=plan.history,
         )
         if row is None or not row["applied"]:
             return None
-        now = float(row["now"])
-        after = replace(
-            admitted,
-            state=step.next,
-            finished_at=now,
-            upstream_status=upstream_status,
-            reason=reason,
-            next_probe_at=now if step.next is EffectState.UNKNOWN else None,
-        )
-        return Receipt(step, after)
+        return Receipt(plan.step, plan.effect_after(admitted, float(row["now"])))
 
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
@@ -296,6 +285,16 @@ class Effects(StorePart):
             return [effect_record(row) for row in await tx.all(query, **params, limit=limit)]
 
         return await self.connector.read(operation)
+
+
+def _one_statement(plan: Plan) -> bool:
+    """Whether the `receipt` block writes this plan: the effect moves, finished at the
+    time of writing, settled by nobody but its receipt, and its key (if any) is kept,
+    freed or committed (a conflict's HOLD, and who holds the key then, need the long
+    way). A receipt on an effect as its admission left it (DISPATCHING) always is."""
+    return (
+        plan.moves and plan.stamps_finished and plan.settled_by is None and plan.key is not Key.HOLD
+    )
 
 
 def _new_effect_id() -> str:

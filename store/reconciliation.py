@@ -3,8 +3,8 @@ counted."""
 
 from __future__ import annotations
 
-from core.lifecycle import Event
-from core.probing import check_resolvable
+from core import lifecycle
+from core.lifecycle import Event, check_resolvable
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal
 from store.base import Tx
 from store.part import StorePart
@@ -113,16 +113,16 @@ class Reconciliation(StorePart):
             row = await locked_effect(tx, effect_id)
             if row is None:
                 return None
-            inconclusive = event is Event.PROBE_INCONCLUSIVE
             gave_up = False
-            if row["state"] == EffectState.UNKNOWN:
+            if EffectState(row["state"]) in lifecycle.PROBED:
+                inconclusive = event is Event.PROBE_INCONCLUSIVE
                 await tx.execute(
                     "record_probe_attempt",
                     id=effect_id,
                     next_probe_at=next_probe_at if inconclusive else None,
                     counted=1 if counted else 0,
                 )
-                gave_up = inconclusive and counted and next_probe_at is None
+                gave_up = lifecycle.gives_up(event, counted, next_probe_at)
                 row = await effect_row(tx, effect_id)
             step = await apply_event(
                 tx,
@@ -144,8 +144,8 @@ class Reconciliation(StorePart):
                     "probe",
                     prober,
                     None,
-                    "gave_up",
-                    "no probe attempts left; an operator must resolve this effect",
+                    lifecycle.GAVE_UP,
+                    lifecycle.GAVE_UP_DETAIL,
                 )
             return step.effect
 

@@ -1,13 +1,13 @@
-"""One lifecycle event written to an effect, its key and its history, as
-core/lifecycle.py's table says."""
+"""One lifecycle event written to an effect, its key and its history: what
+core/lifecycle.py's `plan` says, and nothing it does not."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from core import lifecycle
-from core.lifecycle import Event, Key, Record, Transition
-from core.records import EffectRecord, EffectState, StoredResponse
+from core.lifecycle import Event, Key, Plan, Transition
+from core.records import EffectRecord, StoredResponse
 from store.base import Row, StoreError, Tx
 from store.reads import locked_effect
 from store.rows import effect_record, response_meta
@@ -35,45 +35,32 @@ async def apply_event(
     row: Row | None = None,
     conclusion: str | None = None,
 ) -> Step | None:
-    """Apply one lifecycle event to an effect, as core/lifecycle.py's table says."""
+    """Write what core/lifecycle.py's `plan` says `event` does to the effect."""
     if row is None:
         row = await locked_effect(tx, effect_id)
         if row is None:
             return None
     before = effect_record(row)
-    step = lifecycle.transition(before.state, event)
-    if step is None:
-        raise StoreError(f"{event.value} is not allowed on a {before.state.value} effect")
-    receipt = event in lifecycle.RECEIPTS
-    key_holder = None
-    if step.key is Key.HOLD and before.idempotency_key is not None:
+    key_record_holder = None
+    if lifecycle.asks_key_holder(before, event):
         holder = await tx.one(
             "idempotency_record", resource=before.resource, key=before.idempotency_key
         )
-        if holder is not None and holder["effect_id"] != effect_id:
-            key_holder = holder["effect_id"]
-    if step.record is Record.LATE:
-        detail = f"{detail} (the effect was already {before.state.value}; nothing changed)"
-    elif step.record is Record.CONFLICT:
-        detail = (
-            f"conflicting evidence: {detail}; the effect was "
-            f"{before.state.value} (settled by {before.settled_by or 'its receipt'})"
-            + (f"; its key is now held by {key_holder}" if key_holder else "")
-        )
-    moved = step.next is not before.state
-    after = before
-    if moved:
-        settles = step.next not in lifecycle.BLOCKING
-        # What the guarded update writes, so the caller gets the effect without a re-read.
-        after = replace(
-            before,
-            state=step.next,
-            finished_at=tx.now if receipt or settles else before.finished_at,
-            upstream_status=upstream_status if receipt else before.upstream_status,
-            reason=detail,
-            settled_by=settled_by if step.record is Record.SETTLED else before.settled_by,
-            next_probe_at=tx.now if step.next is EffectState.UNKNOWN else None,
-        )
+        key_record_holder = None if holder is None else str(holder["effect_id"])
+    plan = lifecycle.plan(
+        before,
+        event,
+        detail,
+        upstream_status=upstream_status,
+        response=response,
+        settled_by=settled_by,
+        conclusion=conclusion,
+        key_record_holder=key_record_holder,
+    )
+    if plan is None:
+        raise StoreError(f"{event.value} is not allowed on a {before.state.value} effect")
+    after = plan.effect_after(before, tx.now)
+    if plan.moves:
         changed = await tx.execute(
             "transition_effect",
             id=effect_id,
@@ -87,32 +74,16 @@ async def apply_event(
         )
         if changed != 1:
             raise StoreError(f"{effect_id} changed under its resource's lock; nothing recorded")
-    await _apply_key(tx, before, row, step, response if step.store_response else None, settled_by)
-    plain_receipt = (
-        receipt and step.record is Record.SETTLED and step.next is not EffectState.UNKNOWN
-    )
-    if not plain_receipt and step.record is not Record.NOTHING:
-        # The plain receipt is in the effect's row; everything else is history.
-        if conclusion is None:
-            conclusion = step.record.value
-            if step.record is Record.SETTLED:
-                inconclusive = event is Event.PROBE_INCONCLUSIVE
-                conclusion = "inconclusive" if inconclusive else step.next.value.lower()
-        await insert_event(tx, effect_id, kind, actor, upstream_status, conclusion, detail)
-    return Step(step, after, moved, key_holder)
+    await _write_key(tx, before, row, plan)
+    if plan.history is not None:
+        await insert_event(tx, effect_id, kind, actor, upstream_status, plan.history, plan.reason)
+    return Step(plan.step, after, plan.moves, plan.key_holder)
 
 
-async def _apply_key(
-    tx: Tx,
-    effect: EffectRecord,
-    row: Row,
-    step: Transition,
-    response: StoredResponse | None,
-    settled_by: str | None,
-) -> None:
-    if effect.idempotency_key is None or step.key is Key.KEEP:
+async def _write_key(tx: Tx, effect: EffectRecord, row: Row, plan: Plan) -> None:
+    if plan.key is Key.KEEP:
         return
-    if step.key is Key.FREE:
+    if plan.key is Key.FREE:
         under_key = {
             str(r["id"]): r
             for r in await tx.all(
@@ -138,10 +109,11 @@ async def _apply_key(
         "effect_id": effect.id,
         "epoch": effect.epoch,
     }
-    if step.key is Key.HOLD:
+    if plan.key is Key.HOLD:
         await tx.execute("hold_idempotency_key", **where)
         return
     retain_s = row["retain_s"] if row["retain_s"] is not None else DEFAULT_RETAIN_S
+    response = plan.response
     await tx.execute(
         "commit_idempotency_key",
         **where,
@@ -149,8 +121,7 @@ async def _apply_key(
         status=response.status if response else None,
         headers=response_meta(response) if response else None,
         body=response.body if response else None,
-        # Who established it, when no response was ever seen to replay.
-        settled_by=None if response else (settled_by or "receipt"),
+        settled_by=plan.key_settled_by,
     )
 
 
