@@ -1,7 +1,11 @@
 """The life of an effect, as one table: (state, event) → what happens.
 
-In the style of h11's `_state.py`: no I/O, no clock. The stores apply these
-transitions inside their transactions; everything else asks this module.
+In the style of h11's `_state.py`: no I/O, no clock, and every rule of the state
+machine here. The stores write what `plan` says an event writes (the effect's row, its
+key, its history) inside their transactions and decide nothing; when an operator may
+decide is `check_resolvable`; everything else asks this module. The SQL spells the
+state sets exported here (BLOCKING, SETTLED, IN_FLIGHT, PROBED), which
+tests/unit/test_sql_states.py checks.
 
 An effect is born DISPATCHING when a fenced request is admitted. Evidence about
 what the upstream did arrives as events: the dispatch's own answer (or its
