@@ -10,6 +10,7 @@ import pytest
 from core.lifecycle import (
     BLOCKING,
     GAVE_UP,
+    GAVE_UP_DETAIL,
     IN_FLIGHT,
     PROBED,
     SETTLED,
@@ -231,5 +232,6 @@ def test_the_state_sets_follow_the_table() -> None:
     assert {
         state for state, step in probed.items() if step and step.record is Record.SETTLED
     } == PROBED
-    # The history word the admin API shows.
+    # The history word the admin API shows, and a detail that says who acts next.
     assert GAVE_UP == "gave_up"
+    assert "an operator must resolve" in GAVE_UP_DETAIL
