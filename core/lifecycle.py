@@ -251,6 +251,22 @@ def key_heir(freed: str, open_under_key: Iterable[str]) -> str | None:
     return next((effect for effect in open_under_key if effect != freed), None)
 
 
+# -- events that speak for other effects, or for an operator ----------------------------
+
+# A resend's definite answer is the upstream's word on the operation, so on the earlier
+# sends it resent too (an upstream that deduplicates by key answers once per key). That
+# the resend was not sent, or lost, says nothing about them.
+RESENT_AS = {
+    Event.ANSWERED_COMMITTED: Event.RESEND_COMMITTED,
+    Event.ANSWERED_NOT_COMMITTED: Event.RESEND_NOT_COMMITTED,
+}
+# An operator's decision, by the outcome decided.
+OPERATOR_DECIDES = {
+    COMMITTED: Event.OPERATOR_COMMITTED,
+    NOT_COMMITTED: Event.OPERATOR_NOT_COMMITTED,
+}
+
+
 # -- what an event writes ---------------------------------------------------------------
 # The table says where an event takes an effect; `plan` says what the store writes for
 # it: the effect's row, its key and its history. The stores write the plan and decide

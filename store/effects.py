@@ -172,10 +172,7 @@ class Effects(StorePart):
                 return fast
 
         async def operation(tx: Tx) -> Receipt:
-            resent_as = {
-                Event.ANSWERED_COMMITTED: Event.RESEND_COMMITTED,
-                Event.ANSWERED_NOT_COMMITTED: Event.RESEND_NOT_COMMITTED,
-            }.get(event)
+            resent_as = lifecycle.RESENT_AS.get(event)
             if resent_as is not None:
                 why = f"resent as {effect_id}, which the upstream answered {upstream_status}"
                 for earlier in resends:

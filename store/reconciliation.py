@@ -155,10 +155,7 @@ class Reconciliation(StorePart):
         self, effect_id: str, outcome: EffectState, reason: str, operator: str
     ) -> EffectRecord | Refusal:
         """An operator's decision on an effect in doubt, recorded with who and why."""
-        event = {
-            EffectState.COMMITTED: Event.OPERATOR_COMMITTED,
-            EffectState.NOT_COMMITTED: Event.OPERATOR_NOT_COMMITTED,
-        }[outcome]
+        event = lifecycle.OPERATOR_DECIDES[outcome]
 
         async def operation(tx: Tx) -> EffectRecord | Refusal:
             row = await locked_effect(tx, effect_id)

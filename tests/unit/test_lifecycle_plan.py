@@ -12,7 +12,10 @@ from core.lifecycle import (
     GAVE_UP,
     GAVE_UP_DETAIL,
     IN_FLIGHT,
+    OPERATOR_DECIDES,
     PROBED,
+    RECEIPTS,
+    RESENT_AS,
     SETTLED,
     Event,
     Key,
@@ -235,3 +238,23 @@ def test_the_state_sets_follow_the_table() -> None:
     # The history word the admin API shows, and a detail that says who acts next.
     assert GAVE_UP == "gave_up"
     assert "an operator must resolve" in GAVE_UP_DETAIL
+
+
+@pytest.mark.parametrize("event", sorted(RECEIPTS))
+def test_a_resends_definite_answer_settles_what_it_resent_as_it_settles_itself(
+    event: Event,
+) -> None:
+    own = transition(EffectState.DISPATCHING, event)
+    assert own is not None
+    definite = own.next in (EffectState.COMMITTED, EffectState.NOT_COMMITTED)
+    if not definite:  # not sent, or lost: nothing about the earlier sends
+        assert event not in RESENT_AS
+        return
+    resent = transition(EffectState.UNKNOWN, RESENT_AS[event])
+    assert resent is not None and resent.next is own.next
+
+
+@pytest.mark.parametrize("outcome", sorted(OPERATOR_DECIDES))
+def test_an_operators_decision_settles_the_outcome_decided(outcome: EffectState) -> None:
+    decided = transition(EffectState.UNKNOWN, OPERATOR_DECIDES[outcome])
+    assert decided is not None and decided.next is outcome
