@@ -772,3 +772,8 @@ def test_a_holder_comes_back_only_to_a_lease_that_expired_before_it_ended() -> N
     assert holder_came_back(superseded, "stale_epoch", NOW)
     live = lease(expires_at=NOW + 1)
     assert not holder_came_back(live, "stale_epoch", NOW)
+    # Boundaries: a lease is over at its expiry, so one ended (or asked about) at that
+    # very instant had expired under its holder.
+    ended_at_expiry = lease(expires_at=NOW - 1, ended_at=NOW - 1)
+    assert holder_came_back(ended_at_expiry, "stale_epoch", NOW)
+    assert holder_came_back(lease(expires_at=NOW), "lease_expired", NOW)
