@@ -764,8 +764,8 @@ def test_a_holder_comes_back_only_to_a_lease_that_expired_before_it_ended() -> N
     expired = lease(expires_at=NOW - 1)
     assert holder_came_back(expired, "lease_expired", NOW)
     assert holder_came_back(expired, "stale_epoch", NOW)
-    assert not holder_came_back(expired, "wrong_resource", NOW)
-    assert not holder_came_back(None, "stale_epoch", NOW)
+    assert holder_came_back(expired, "wrong_resource", NOW) is False
+    assert holder_came_back(None, "stale_epoch", NOW) is False
     released_in_time = lease(expires_at=NOW - 1, ended_at=NOW - 2)
     assert not holder_came_back(released_in_time, "stale_epoch", NOW)
     superseded = lease(expires_at=NOW - 2, ended_at=NOW - 1)
