@@ -25,6 +25,9 @@ from policies import AuthClient, Right
 # token is set, the admin's); None without `auth:`, where the lease API is open to all.
 Clients = Mapping[str, AuthClient] | None
 NO_AUTH: Clients = None
+# Refusals of a token whose lease has passed; `holder_came_back` says which of them
+# prove the holder was alive after its lease expired.
+_PAST_LEASE_CODES = frozenset({"lease_expired", "stale_epoch"})
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,17 @@ def decide_release(
     if refusal is not None and refusal.code == "lease_expired":
         return None
     return refusal
+
+
+def holder_came_back(lease: LeaseRecord | None, code: str | None, now: float) -> bool:
+    """Whether a refusal of this lease's token proves its holder was alive after the
+    lease expired (a measured false expiry): refused as lease_expired or stale_epoch,
+    and the lease expired before anyone ended it. A lease released or revoked before
+    it expired is stale without saying anything about its holder's liveness."""
+    if lease is None or code not in _PAST_LEASE_CODES:
+        return False
+    ended = lease.ended_at if lease.ended_at is not None else now
+    return lease.expires_at <= ended and lease.expires_at <= now
 
 
 def decide_admission(

@@ -27,28 +27,12 @@ from core.lease_turns import (
     ttl_floor,
     turn_stats,
 )
-from core.records import LeaseRecord
 
 # The advice warns when it rests on fewer turns than this.
 FEW_TURNS = 20
 DEFAULT_TARGETS = (0.5, 0.1, 0.05, 0.0)
 DEFAULT_MARGIN = 2.0
 DEFAULT_POLL_INTERVAL_S = 1.0
-
-# Refusals of a token whose lease has passed; `holder_came_back` says which of them
-# prove the holder was alive after its lease expired.
-_PAST_LEASE_CODES = frozenset({"lease_expired", "stale_epoch"})
-
-
-def holder_came_back(lease: LeaseRecord | None, code: str | None, now: float) -> bool:
-    """Whether a refusal of this lease's token proves its holder was alive after the
-    lease expired (a measured false expiry): refused as lease_expired or stale_epoch,
-    and the lease expired before anyone ended it. A lease released or revoked before
-    it expired is stale without saying anything about its holder's liveness."""
-    if lease is None or code not in _PAST_LEASE_CODES:
-        return False
-    ended = lease.ended_at if lease.ended_at is not None else now
-    return lease.expires_at <= ended and lease.expires_at <= now
 
 
 class Ending:
@@ -62,7 +46,7 @@ class Ending:
 
 @dataclass(frozen=True)
 class LeaseLife:
-    """One lease as the store recorded it (store/manager.py `lease_lives`)."""
+    """One lease as the store recorded it (store/leases.py `lease_lives`)."""
 
     resource: str
     epoch: int

@@ -1,7 +1,11 @@
 """The life of an effect, as one table: (state, event) → what happens.
 
-In the style of h11's `_state.py`: no I/O, no clock. The stores apply these
-transitions inside their transactions; everything else asks this module.
+In the style of h11's `_state.py`: no I/O, no clock, and every rule of the state
+machine here. The stores write what `plan` says an event writes (the effect's row, its
+key, its history) inside their transactions and decide nothing; when an operator may
+decide is `check_resolvable`; everything else asks this module. The SQL spells the
+state sets exported here (BLOCKING, SETTLED, IN_FLIGHT, PROBED), which
+tests/unit/test_sql_states.py checks.
 
 An effect is born DISPATCHING when a fenced request is admitted. Evidence about
 what the upstream did arrives as events: the dispatch's own answer (or its
@@ -23,11 +27,11 @@ Two rules shape the table:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, StrEnum, auto
 
 from core.codes import ErrorCode
-from core.records import EffectState, Refusal
+from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 
 DISPATCHING = EffectState.DISPATCHING
 UNKNOWN = EffectState.UNKNOWN
@@ -158,7 +162,7 @@ TABLE.update(
         (DISPATCHING, _E.PROBE_INCONCLUSIVE): _late(DISPATCHING),
         (DISPATCHING, _E.RESEND_COMMITTED): _late(DISPATCHING),
         (DISPATCHING, _E.RESEND_NOT_COMMITTED): _late(DISPATCHING),
-        # Only once it cannot be in flight any more (see `check_resolvable`).
+        # Only once it cannot be in flight any more (`check_resolvable`).
         (DISPATCHING, _E.OPERATOR_COMMITTED): _settle(COMMITTED),
         (DISPATCHING, _E.OPERATOR_NOT_COMMITTED): _settle(NOT_COMMITTED),
     }
@@ -223,6 +227,13 @@ def transition(state: EffectState, event: Event) -> Transition | None:
 
 # States whose effects block their resource: a write may have landed, or may still.
 BLOCKING = frozenset({DISPATCHING, UNKNOWN, CONFLICTING})
+# The others: the upstream's fate is established; evidence is history or a conflict.
+SETTLED = frozenset(EffectState) - BLOCKING
+# The state of a request that may be on its way: admission's, the one a sweep or a
+# restart turns UNKNOWN.
+IN_FLIGHT = frozenset({DISPATCHING})
+# The state probes work on: sent, fate not known.
+PROBED = frozenset({UNKNOWN})
 # States an operator may settle (DISPATCHING only once it cannot be in flight).
 RESOLVABLE = frozenset(
     state for state in EffectState if transition(state, Event.OPERATOR_COMMITTED) is not None
@@ -277,3 +288,170 @@ def probe_refusal(effect_id: str, state: EffectState) -> Refusal | None:
         f"the effect is already {state}; only an UNKNOWN effect is probed",
         context,
     )
+
+
+# -- events that speak for other effects, or for an operator ----------------------------
+
+# A resend's definite answer is the upstream's word on the operation, so on the earlier
+# sends it resent too (an upstream that deduplicates by key answers once per key). That
+# the resend was not sent, or lost, says nothing about them.
+RESENT_AS = {
+    Event.ANSWERED_COMMITTED: Event.RESEND_COMMITTED,
+    Event.ANSWERED_NOT_COMMITTED: Event.RESEND_NOT_COMMITTED,
+}
+# An operator's decision, by the outcome decided.
+OPERATOR_DECIDES = {
+    COMMITTED: Event.OPERATOR_COMMITTED,
+    NOT_COMMITTED: Event.OPERATOR_NOT_COMMITTED,
+}
+
+
+# -- what an event writes ---------------------------------------------------------------
+# The table says where an event takes an effect; `plan` says what the store writes for
+# it: the effect's row, its key and its history. The stores write the plan and decide
+# nothing (store/steps.py step by step; on PostgreSQL a receipt on an effect as its
+# admission left it in one statement, store/effects.py).
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one event writes. `moves`: the effect's row is written, guarded by the
+    state it was planned on; the other fields of the row are written only then."""
+
+    step: Transition
+    moves: bool
+    state: EffectState
+    stamps_finished: bool  # finished_at is the time of writing (else it is kept)
+    upstream_status: int | None
+    reason: str
+    settled_by: str | None
+    probe_now: bool  # next_probe_at is the time of writing (else NULL): due for a probe
+    # What happens to the operation's key: KEEP for an effect without one.
+    key: Key
+    # The response the committed key replays (None: nothing to replay), and, when there
+    # is none, who established that the operation took effect.
+    response: StoredResponse | None
+    key_settled_by: str | None
+    # The conclusion of the effect's history row; None: no row (the row says it all).
+    history: str | None
+    # Another effect that holds the operation's key now (named in a conflict).
+    key_holder: str | None = None
+
+    def effect_after(self, before: EffectRecord, now: float) -> EffectRecord:
+        """The effect as the plan leaves it, written at `now`: what the caller is
+        answered, without reading the row again."""
+        if not self.moves:
+            return before
+        return replace(
+            before,
+            state=self.state,
+            finished_at=now if self.stamps_finished else before.finished_at,
+            upstream_status=self.upstream_status,
+            reason=self.reason,
+            settled_by=self.settled_by,
+            next_probe_at=now if self.probe_now else None,
+        )
+
+
+def asks_key_holder(before: EffectRecord, event: Event) -> bool:
+    """Whether `plan` needs to know who holds the effect's key now: a conflict takes a
+    freed key back, and names the effect that holds it if another does."""
+    step = transition(before.state, event)
+    return step is not None and step.key is Key.HOLD and before.idempotency_key is not None
+
+
+def plan(
+    before: EffectRecord,
+    event: Event,
+    detail: str,
+    *,
+    upstream_status: int | None = None,
+    response: StoredResponse | None = None,
+    settled_by: str | None = None,
+    conclusion: str | None = None,
+    key_record_holder: str | None = None,
+) -> Plan | None:
+    """What `event` writes to `before`; None: the event is not allowed on it.
+
+    `detail` is the evidence in words, `upstream_status` and `response` the upstream's
+    answer (a receipt's), `settled_by` who settles it if it settles (None: its own
+    receipt), `conclusion` overrides the history row's word (a probe's), and
+    `key_record_holder` is the effect the key's record names now (`asks_key_holder`)."""
+    step = transition(before.state, event)
+    if step is None:
+        return None
+    receipt = event in RECEIPTS
+    key_holder = key_record_holder if key_record_holder != before.id else None
+    reason = detail
+    if step.record is Record.LATE:
+        reason = f"{detail} (the effect was already {before.state.value}; nothing changed)"
+    elif step.record is Record.CONFLICT:
+        reason = (
+            f"conflicting evidence: {detail}; the effect was "
+            f"{before.state.value} (settled by {before.settled_by or 'its receipt'})"
+            + (f"; its key is now held by {key_holder}" if key_holder else "")
+        )
+    kept = response if step.store_response else None
+    # The plain receipt is in the effect's row; everything else is history.
+    plain_receipt = receipt and step.record is Record.SETTLED and step.next is not UNKNOWN
+    history = None
+    if not plain_receipt and step.record is not Record.NOTHING:
+        history = conclusion
+        if history is None:
+            history = step.record.value
+            if step.record is Record.SETTLED:
+                inconclusive = event is Event.PROBE_INCONCLUSIVE
+                history = "inconclusive" if inconclusive else step.next.value.lower()
+    return Plan(
+        step=step,
+        moves=step.next is not before.state,
+        state=step.next,
+        stamps_finished=receipt or step.next not in BLOCKING,
+        upstream_status=upstream_status if receipt else before.upstream_status,
+        reason=reason,
+        settled_by=settled_by if step.record is Record.SETTLED else before.settled_by,
+        probe_now=step.next is UNKNOWN,
+        key=step.key if before.idempotency_key is not None else Key.KEEP,
+        response=kept,
+        key_settled_by=None if kept else (settled_by or "receipt"),
+        history=history,
+        key_holder=key_holder,
+    )
+
+
+# -- when an operator may decide ----------------------------------------------------------
+
+# How long past its deadline a DISPATCHING effect is still treated as possibly in
+# flight: the proxy's own timeout has fired by then, and this absorbs scheduling delay.
+DEADLINE_MARGIN_S = 2.0
+
+
+def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
+    """May an outcome be recorded for this effect now? A DISPATCHING effect only once
+    it cannot be in flight any more: DEADLINE_MARGIN_S past its deadline."""
+    context = {"effect_id": effect.id, "state": effect.state.value}
+    if effect.state not in RESOLVABLE:
+        return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)
+    if effect.state is EffectState.DISPATCHING:
+        if now > effect.deadline + DEADLINE_MARGIN_S:
+            return None
+        return Refusal(
+            "effect_in_flight",
+            "the effect's request may still be in flight; wait for its deadline "
+            f"({effect.deadline - now + DEADLINE_MARGIN_S:.1f}s)",
+            context,
+        )
+    return None
+
+
+# -- probe attempts -----------------------------------------------------------------------
+
+# The history row of the probe that used up an effect's last attempt.
+GAVE_UP = "gave_up"
+GAVE_UP_DETAIL = "no probe attempts left; an operator must resolve this effect"
+
+
+def gives_up(event: Event, counted: bool, next_probe_at: float | None) -> bool:
+    """Whether a probe answer on a PROBED effect leaves it to an operator: inconclusive,
+    counted against the attempts, and no next attempt scheduled."""
+    return event is Event.PROBE_INCONCLUSIVE and counted and next_probe_at is None

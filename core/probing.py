@@ -1,5 +1,5 @@
-"""Reconciliation rules as pure functions: what a probe answer proves, when to
-ask again, and when an operator may decide.
+"""Reconciliation rules as pure functions: what a probe answer proves, and when to
+ask again (when an operator may decide is core/lifecycle.py's `check_resolvable`).
 
 A "not committed" answer is believed only once the settle window has passed
 since dispatch: a slow upstream may still be applying the write, and a lookup
@@ -11,15 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from core.lifecycle import RESOLVABLE, Event
-from core.records import EffectRecord, EffectState, Refusal
+from core.lifecycle import Event
 from policies import Outcome, Reconcile
 
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
-# How long past its deadline a DISPATCHING effect is still treated as possibly in
-# flight: the proxy's own timeout has fired by then, and this absorbs scheduling delay.
-DEADLINE_MARGIN_S = 2.0
 
 
 class Conclusion(StrEnum):
@@ -84,20 +80,3 @@ def next_probe_at(
         return None
     backoff = min(FIRST_RETRY_S * 2.0 ** max(attempts_made - 1, 0), MAX_RETRY_S)
     return max(now + backoff, dispatched_at + reconcile.settle_s)
-
-
-def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
-    """May an outcome be recorded for this effect now?"""
-    context = {"effect_id": effect.id, "state": effect.state.value}
-    if effect.state not in RESOLVABLE:
-        return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)
-    if effect.state is EffectState.DISPATCHING:
-        if now > effect.deadline + DEADLINE_MARGIN_S:
-            return None
-        return Refusal(
-            "effect_in_flight",
-            "the effect's request may still be in flight; wait for its deadline "
-            f"({effect.deadline - now + DEADLINE_MARGIN_S:.1f}s)",
-            context,
-        )
-    return None

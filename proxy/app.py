@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding, operations, ui
 from proxy.auth import CREDENTIALS, Credentials

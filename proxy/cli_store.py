@@ -20,6 +20,7 @@ from proxy import operations
 from proxy.app import new_instance_id
 from proxy.cli_output import emit, local_time, print_advice, table_cell
 from proxy.forwarding import new_client_session
+from proxy.presentation import lease_view_json
 from proxy.terminal import printable
 from reconcile import operations as reconciliation
 from reconcile.prober import ProbeResult
@@ -72,7 +73,7 @@ def with_store(
 
 def leases_show(args: argparse.Namespace) -> int:
     view = with_store(args, lambda store: operations.lease_view(store, args.resource))
-    data = view.as_json()
+    data = lease_view_json(view)
     emit(
         args,
         data,

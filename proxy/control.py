@@ -15,6 +15,7 @@ from core.records import LeaseRecord, Refusal
 from policies import AuthClient, Right
 from proxy import auth, openapi, operations
 from proxy.operations import OperationRefused
+from proxy.presentation import lease_view_json
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import (
@@ -178,7 +179,7 @@ async def show_lease(request: web.Request) -> web.Response:
     resource = request.query.get("resource")
     auth.check_scope(client, operations.resource_name(resource))
     view = await operations.lease_view(runtime_of(request).store, resource)
-    return web.json_response(view.as_json())
+    return web.json_response(lease_view_json(view))
 
 
 async def revoke(request: web.Request) -> web.Response:

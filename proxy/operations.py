@@ -36,6 +36,7 @@ from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Reject
 from policies import RESOURCE_RE, Policy
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
 from policies.store_backends import store_backend
+from proxy.presentation import lease_entry_json, replica_json
 from reconcile import operations as reconciliation
 from reconcile.prober import ProbeResult
 from store import LeaseView, RecentLeases, Replica, Store, StoreError
@@ -417,7 +418,7 @@ class ServiceStatus:
                 "now": self.now,
             },
             "replicas_window_s": REPLICAS_WINDOW_S,
-            "replicas": [replica.as_json() for replica in self.replicas],
+            "replicas": [replica_json(replica) for replica in self.replicas],
         }
 
 
@@ -444,8 +445,8 @@ def recent_leases_json(leases: RecentLeases) -> dict[str, Any]:
         "now": leases.now,
         "window_s": RECENT_LEASES_WINDOW_S,
         "live": [
-            {**lease.as_json(), "ttl_left_s": round(lease.expires_at - leases.now, 3)}
+            {**lease_entry_json(lease), "ttl_left_s": round(lease.expires_at - leases.now, 3)}
             for lease in leases.live
         ],
-        "recently_ended": [lease.as_json() for lease in leases.ended],
+        "recently_ended": [lease_entry_json(lease) for lease in leases.ended],
     }

@@ -16,8 +16,7 @@ from typing import Any
 import aiohttp
 
 from core.codes import ErrorCode
-from core.lifecycle import AWAITING_RECONCILIATION, BLOCKING, probe_refusal
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import AWAITING_RECONCILIATION, BLOCKING, DEADLINE_MARGIN_S, probe_refusal
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal
 from policies import Policy
 from reconcile.prober import ProbeResult, probe_effect

@@ -7,9 +7,14 @@ from collections.abc import Callable
 from policies.model import StorePool
 from policies.store_backends import StoreBackend, store_backend
 from store.base import Connector, StoreError, StoreUnavailable
-from store.manager import (
+from store.manager import Store
+from store.postgres import PostgresConnector
+from store.postgres import check_server as check_postgres_server
+from store.sqlite import SQLiteConnector
+from store.types import (
     CAME_BACK,
     Admitted,
+    LeaseEntry,
     LeaseLives,
     LeaseView,
     NewEffect,
@@ -17,13 +22,9 @@ from store.manager import (
     Receipt,
     RecentLeases,
     Replica,
-    Store,
     StoreIdentity,
     UnknownKey,
 )
-from store.postgres import PostgresConnector
-from store.postgres import check_server as check_postgres_server
-from store.sqlite import SQLiteConnector
 
 Clock = Callable[[], float]
 DEFAULT_POOL = StorePool(1, 10)
@@ -67,6 +68,7 @@ async def check_server(url: str, pool: StorePool) -> None:
 __all__ = [
     "CAME_BACK",
     "Admitted",
+    "LeaseEntry",
     "LeaseLives",
     "LeaseView",
     "NewEffect",

@@ -107,25 +107,10 @@ WHERE i.resource = :resource AND i.key = :key
 
 -- commit_idempotency_key --
 -- The operation took effect: from now on its key replays (the response, if one was
--- seen) for retain_s, whichever effect of the operation held the key before.
-INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,
-                         response_status, response_headers, response_body, settled_by)
-VALUES (:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at,
-        :status, :headers, :body, :settled_by)
-ON CONFLICT (resource, key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
-    epoch = excluded.epoch, expires_at = excluded.expires_at,
-    -- A response this very effect's receipt kept (before a conflict) stays replayable.
-    response_status = CASE WHEN idempotency.effect_id = excluded.effect_id
-        THEN COALESCE(excluded.response_status, idempotency.response_status)
-        ELSE excluded.response_status END,
-    response_headers = CASE WHEN idempotency.effect_id = excluded.effect_id
-        THEN COALESCE(excluded.response_headers, idempotency.response_headers)
-        ELSE excluded.response_headers END,
-    response_body = CASE WHEN idempotency.effect_id = excluded.effect_id
-        THEN COALESCE(excluded.response_body, idempotency.response_body)
-        ELSE excluded.response_body END,
-    settled_by = excluded.settled_by
+-- seen) for retain_s, whichever effect of the operation held the key before. The same
+-- function as the one-statement receipt's (migration 0017).
+SELECT fenceproxy_commit_key(:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at,
+                             :status, :headers, :body, :settled_by)
 
 -- free_idempotency_key --
 -- Only the effect's own record: a key another effect holds now is that effect's.

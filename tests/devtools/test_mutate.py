@@ -52,7 +52,7 @@ def test_an_awaited_call_is_removed_and_named_with_its_arguments() -> None:
 
 
 def test_match_keeps_only_the_mutants_it_names(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--list", "--match", "raise_epoch_floor", "store/manager.py"]) == 0
+    assert main(["--list", "--match", "raise_epoch_floor", "store/housekeeping.py"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(": ", 1)[1] for line in lines] == [
         "awaited call 'tx.execute(\"raise_epoch_floor\", floor=max(int(r...' removed",

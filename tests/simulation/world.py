@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from core.lifecycle import DEADLINE_MARGIN_S
 from core.outcomes import Answered, DispatchResult, Lost, NotSent
-from core.probing import DEADLINE_MARGIN_S
 from policies import Policy, Route, parse_policy
 from tests.simulation import driver, tables
 from tests.simulation.driver import Authority, Claimed, Replica

@@ -21,6 +21,7 @@ from core.fencing import (
     decide_admission,
     decide_release,
     decide_renew,
+    holder_came_back,
 )
 from core.records import (
     EffectState,
@@ -754,3 +755,25 @@ def test_refusal_response_is_problem_json_with_code_and_context() -> None:
     assert body["status"] == 409
     assert (body["epoch"], body["current_epoch"], body["resource"]) == (3, 4, RESOURCE)
     assert {"type", "title", "detail"} <= set(body)
+
+
+# --- holder_came_back: a refusal that proves a false expiry ---------------------------------
+
+
+def test_a_holder_comes_back_only_to_a_lease_that_expired_before_it_ended() -> None:
+    expired = lease(expires_at=NOW - 1)
+    assert holder_came_back(expired, "lease_expired", NOW)
+    assert holder_came_back(expired, "stale_epoch", NOW)
+    assert holder_came_back(expired, "wrong_resource", NOW) is False
+    assert holder_came_back(None, "stale_epoch", NOW) is False
+    released_in_time = lease(expires_at=NOW - 1, ended_at=NOW - 2)
+    assert not holder_came_back(released_in_time, "stale_epoch", NOW)
+    superseded = lease(expires_at=NOW - 2, ended_at=NOW - 1)
+    assert holder_came_back(superseded, "stale_epoch", NOW)
+    live = lease(expires_at=NOW + 1)
+    assert not holder_came_back(live, "stale_epoch", NOW)
+    # Boundaries: a lease is over at its expiry, so one ended (or asked about) at that
+    # very instant had expired under its holder.
+    ended_at_expiry = lease(expires_at=NOW - 1, ended_at=NOW - 1)
+    assert holder_came_back(ended_at_expiry, "stale_epoch", NOW)
+    assert holder_came_back(lease(expires_at=NOW), "lease_expired", NOW)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import docs_reference
+from devtools import docs_configuration, docs_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MOST_LINES = 300
@@ -21,7 +21,7 @@ def test_the_generated_pages_are_up_to_date() -> None:
 
 
 def test_every_key_the_loader_allows_is_documented_and_no_other() -> None:
-    assert set(docs_reference.policy_keys()) == set(docs_reference.CONFIGURATION)
+    assert set(docs_reference.policy_keys()) == set(docs_configuration.CONFIGURATION)
 
 
 def test_the_key_discovery_finds_blocks_lists_and_named_entries() -> None:
@@ -39,12 +39,12 @@ def test_the_key_discovery_finds_blocks_lists_and_named_entries() -> None:
 
 
 def test_every_environment_variable_read_is_documented() -> None:
-    assert docs_reference.environment_variables_read() == set(docs_reference.ENVIRONMENT)
+    assert docs_reference.environment_variables_read() == set(docs_configuration.ENVIRONMENT)
     assert "FENCEPROXY_INSTANCE_ID" in docs_reference.environment_variables_read()
 
 
 def test_an_undocumented_key_stops_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    trimmed = dict(docs_reference.CONFIGURATION)
+    trimmed = dict(docs_configuration.CONFIGURATION)
     del trimmed["upstreams.NAME.connect_timeout_s"]
     monkeypatch.setattr(docs_reference, "CONFIGURATION", trimmed)
     with pytest.raises(SystemExit, match=r"undocumented \['upstreams.NAME.connect_timeout_s'\]"):

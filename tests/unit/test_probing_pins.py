@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from core.lifecycle import DEADLINE_MARGIN_S, check_resolvable
 from core.probing import (
-    DEADLINE_MARGIN_S,
     FIRST_RETRY_S,
     MAX_RETRY_S,
     Conclusion,
-    check_resolvable,
     judge_probe,
     next_probe_at,
 )

@@ -14,12 +14,11 @@ from itertools import pairwise
 import pytest
 
 from core.fencing import NO_AUTH, AdmissionRequest, Admit, decide_admission
+from core.lifecycle import DEADLINE_MARGIN_S, check_resolvable
 from core.probing import (
-    DEADLINE_MARGIN_S,
     FIRST_RETRY_S,
     MAX_RETRY_S,
     Conclusion,
-    check_resolvable,
     judge_probe,
     next_probe_at,
 )

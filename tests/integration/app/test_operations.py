@@ -13,8 +13,7 @@ import aiohttp
 import pytest
 
 from core.codes import ErrorCode
-from core.lifecycle import Event
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import DEADLINE_MARGIN_S, Event
 from core.records import EffectState
 from policies import Policy, parse_policy
 from proxy import operations

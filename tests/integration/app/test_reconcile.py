@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import DEADLINE_MARGIN_S
 from proxy.tokens import token_hash
 from store import Admitted, NewEffect, Store, open_store
 from tests.integration.app.conftest import (

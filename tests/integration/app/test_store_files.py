@@ -3,6 +3,7 @@ reports and what `leases show` says a resource's next epoch is after fence-resto
 
 from __future__ import annotations
 
+from proxy.presentation import lease_view_json
 from store.files import schema_versions
 from store.queries import load_migrations
 from tests.integration.app.backends import backend_of
@@ -32,6 +33,6 @@ async def test_a_resource_never_leased_shows_the_epoch_it_will_get_after_fence_r
 
         never = await store.lease_view("never")
         assert (never.epoch, never.next_epoch) == (0, floor + 1)
-        assert never.as_json()["next_epoch"] == floor + 1
+        assert lease_view_json(never)["next_epoch"] == floor + 1
         assert granted(await acquire(store, "never")).epoch == floor + 1
         assert (await store.lease_view("leased")).next_epoch == floor + 1

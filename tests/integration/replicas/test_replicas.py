@@ -34,7 +34,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from core.probing import DEADLINE_MARGIN_S
+from core.lifecycle import DEADLINE_MARGIN_S
 from tests.integration.replicas.conftest import (
     Api,
     Fleet,

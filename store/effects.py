@@ -1,0 +1,376 @@
+"""Fenced effects: admission (a token checked and an effect recorded in one
+transaction) and receipts (a dispatch's outcome, as core/lifecycle.py says)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from core import fencing, lifecycle
+from core.fencing import AdmissionRequest, Admit, Replay
+from core.lifecycle import Event, Key, Plan
+from core.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    LeaseRecord,
+    OpenEffect,
+    Refusal,
+    Rejection,
+    ResourceState,
+    StoredResponse,
+)
+from store.base import Row, StoreError, Tx
+from store.leases import mark_came_back
+from store.part import StorePart
+from store.reads import lock_resource
+from store.rows import effect_record, idempotency_record, lease_record, response_meta
+from store.steps import apply_event
+from store.types import CAME_BACK, DEFAULT_RETAIN_S, Admitted, NewEffect, Receipt, UnknownKey
+
+
+class Effects(StorePart):
+    async def admit(
+        self,
+        token_hash: str,
+        new: NewEffect,
+        clients: fencing.Clients = None,
+        key_cleared: bool = False,
+    ) -> Admitted | Replay | Refusal | UnknownKey:
+        """Check the token (and, with `clients`, its client's standing: see `renew`) and
+        record the effect as DISPATCHING, in one transaction. In the recovery window, a
+        key the store does not know is `UnknownKey` unless `key_cleared`."""
+        decided = await self.connector.write(
+            self._admission(token_hash, new, clients, key_cleared), own_clock=True
+        )
+        if isinstance(decided, _Refused):
+            # Counted once the transaction is over: a retried one must not count twice.
+            self.refusals.count(decided.rejection)
+            if decided.came_back is not None:
+                self._observe(decided.came_back, CAME_BACK)
+            return decided.refusal
+        return decided
+
+    def _admission(
+        self, token_hash: str, new: NewEffect, clients: fencing.Clients, key_cleared: bool
+    ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | UnknownKey | _Refused]]:
+        async def operation(tx: Tx) -> Admitted | Replay | Refusal | UnknownKey | _Refused:
+            # One statement reads it all, under the resource's lock (a round trip
+            # each is what a fenced request costs on PostgreSQL).
+            row = await tx.one(
+                "admission_state",
+                token_hash=token_hash,
+                resource=new.resource,
+                key=new.idempotency_key,
+            )
+            assert row is not None  # the query always answers one row
+            if row["now"] is not None:  # the time once the lock was held
+                tx.now = float(row["now"])
+            lease, state, existing = _admission_records(row, new.resource, new.idempotency_key)
+            request = AdmissionRequest(
+                new.resource,
+                new.idempotency_key,
+                new.fingerprint,
+                new.max_in_flight,
+                new.upstream_timeout_s,
+                new.upstream_idempotent,
+            )
+            decision = fencing.decide_admission(request, lease, state, existing, tx.now, clients)
+            if isinstance(decision, Replay):
+                return decision
+            if isinstance(decision, Refusal):
+                rejection = Rejection(
+                    code=decision.code,
+                    method=new.method,
+                    path=new.path,
+                    route=new.route,
+                    resource=new.resource,
+                    holder=lease.holder if lease else None,
+                    epoch=lease.epoch if lease else None,
+                    fingerprint=new.fingerprint,
+                )
+                # Only a token of this very resource: another's says nothing of its lease.
+                came_back = None
+                if state is not None:
+                    came_back = await mark_came_back(tx, lease, decision.code)
+                return _Refused(decision, rejection, came_back)
+            assert isinstance(decision, Admit) and lease is not None
+            window = self.recovery
+            if (
+                window is not None
+                and new.idempotency_key is not None
+                and existing is None
+                and not key_cleared
+            ):
+                return UnknownKey(window)
+            effect = EffectRecord(
+                id=_new_effect_id(),
+                route=new.route,
+                resource=new.resource,
+                holder=lease.holder,
+                epoch=lease.epoch,
+                idempotency_key=new.idempotency_key,
+                fingerprint=new.fingerprint,
+                method=new.method,
+                path=new.path,
+                state=EffectState.DISPATCHING,
+                instance_id=self.instance_id,
+                created_at=tx.now,
+                deadline=tx.now + new.upstream_timeout_s,
+                finished_at=None,
+                upstream_status=None,
+                reason=None,
+            )
+            # A resend leaves the key with the operation in doubt it resends, so that
+            # the resend's own failure to connect cannot free it.
+            resending = existing is not None and existing.effect_id in decision.resends
+            await tx.execute(
+                "admit_effect",
+                claim=new.idempotency_key is not None and not resending,
+                id=effect.id,
+                route=effect.route,
+                resource=effect.resource,
+                holder=effect.holder,
+                epoch=effect.epoch,
+                idempotency_key=effect.idempotency_key,
+                fingerprint=effect.fingerprint,
+                method=effect.method,
+                path=effect.path,
+                instance_id=effect.instance_id,
+                created_at=effect.created_at,
+                deadline=effect.deadline,
+                retain_s=new.retain_s,
+            )
+            return Admitted(effect, decision.resends)
+
+        return operation
+
+    async def finish_effect(
+        self,
+        effect_id: str,
+        event: Event,
+        upstream_status: int | None,
+        reason: str,
+        response: StoredResponse | None,
+        resends: tuple[str, ...] = (),
+        admitted: EffectRecord | None = None,
+    ) -> Receipt:
+        """Record a dispatch's receipt, as core/lifecycle.py says. A definite answer to a
+        resend settles the effects in doubt it resent. `admitted`, the effect as its
+        admission recorded it, lets the receipt be decided before the store is asked,
+        and written in one statement if the effect is still as admitted."""
+        assert event in lifecycle.RECEIPTS
+        if admitted is not None and not resends:
+            fast = await self._receipt_as_admitted(
+                admitted, event, upstream_status, reason, response
+            )
+            if fast is not None:
+                return fast
+
+        async def operation(tx: Tx) -> Receipt:
+            resent_as = lifecycle.RESENT_AS.get(event)
+            if resent_as is not None:
+                why = f"resent as {effect_id}, which the upstream answered {upstream_status}"
+                for earlier in resends:
+                    await apply_event(
+                        tx,
+                        earlier,
+                        resent_as,
+                        "resend",
+                        self.instance_id,
+                        why,
+                        upstream_status,
+                        settled_by=f"resend:{effect_id}",
+                    )
+            row = None
+            if admitted is not None:
+                # Its resource is known: lock it and read the effect once, not twice.
+                await lock_resource(tx, admitted.resource)
+                row = await tx.one("effect_for_update", id=effect_id)
+            step = None
+            if admitted is None or row is not None:
+                step = await apply_event(
+                    tx,
+                    effect_id,
+                    event,
+                    "dispatch",
+                    self.instance_id,
+                    reason,
+                    upstream_status,
+                    response,
+                    row=row,
+                )
+            if step is None:
+                # Only retention deletes effects, and only long-settled ones: this receipt
+                # comes from a proxy that stalled for longer than effects_days.
+                raise StoreError(f"{effect_id} is no longer in the store (retention deleted it)")
+            assert step.transition is not None
+            return Receipt(step.transition, step.effect, step.key_holder)
+
+        return await self.connector.write(operation)
+
+    async def _receipt_as_admitted(
+        self,
+        admitted: EffectRecord,
+        event: Event,
+        upstream_status: int | None,
+        reason: str,
+        response: StoredResponse | None,
+    ) -> Receipt | None:
+        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written as one
+        statement (the `receipt` block); None if the backend has no such block, the plan
+        is not one the block writes, the effect had moved on (a sweep, an operator), or
+        the receipt frees a key another effect under it still needs (`lifecycle.key_heir`):
+        then nothing was written."""
+        plan = lifecycle.plan(
+            admitted, event, reason, upstream_status=upstream_status, response=response
+        )
+        if plan is None or not _one_statement(plan):
+            return None
+        kept = plan.response
+        row = await self.connector.statement(
+            "receipt",
+            id=admitted.id,
+            resource=admitted.resource,
+            expected=admitted.state.value,
+            state=plan.state.value,
+            upstream_status=plan.upstream_status,
+            reason=plan.reason,
+            probe_now=plan.probe_now,
+            key_action=plan.key.name.lower(),
+            idempotency_key=admitted.idempotency_key,
+            fingerprint=admitted.fingerprint,
+            epoch=admitted.epoch,
+            default_retain_s=DEFAULT_RETAIN_S,
+            status=kept.status if kept else None,
+            headers=response_meta(kept) if kept else None,
+            body=kept.body if kept else None,
+            key_settled_by=plan.key_settled_by,
+            kind="dispatch",
+            actor=self.instance_id,
+            conclusion=plan.history,
+        )
+        if row is None or not row["applied"]:
+            return None
+        return Receipt(plan.step, plan.effect_after(admitted, float(row["now"])))
+
+    async def effect(self, effect_id: str) -> EffectRecord | None:
+        async def operation(tx: Tx) -> EffectRecord | None:
+            row = await tx.one("effect", id=effect_id)
+            return effect_record(row) if row else None
+
+        return await self.connector.read(operation)
+
+    async def effects(
+        self, resource: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        # One query per filter, so that each reads one index range (see the SQL files).
+        if resource is not None:
+            query, params = "effects_of_resource", {"resource": resource, "state": state}
+        elif state is None:
+            query, params = "effects", {}
+        elif state in {s.value for s in lifecycle.BLOCKING}:
+            query, params = "in_doubt_effects_in_state", {"state": state}
+        else:
+            query, params = "effects_in_state", {"state": state}
+
+        async def operation(tx: Tx) -> list[EffectRecord]:
+            return [effect_record(row) for row in await tx.all(query, **params, limit=limit)]
+
+        return await self.connector.read(operation)
+
+
+def _one_statement(plan: Plan) -> bool:
+    """Whether the `receipt` block writes this plan: the effect moves, finished at the
+    time of writing, settled by nobody but its receipt, and its key (if any) is kept,
+    freed or committed (a conflict's HOLD, and who holds the key then, need the long
+    way). A receipt on an effect as its admission left it (DISPATCHING) always is."""
+    return (
+        plan.moves and plan.stamps_finished and plan.settled_by is None and plan.key is not Key.HOLD
+    )
+
+
+def _new_effect_id() -> str:
+    """Time first, so ids sort by creation and index inserts land on the B-tree's edge."""
+    return f"eff_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
+_LEASE_COLUMNS = (
+    "resource",
+    "epoch",
+    "holder",
+    "granted_at",
+    "expires_at",
+    "ended_at",
+    "end_reason",
+    "client",
+)
+_KEY_COLUMNS = (
+    "fingerprint",
+    "effect_id",
+    "effect_state",
+    "epoch",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "settled_by",
+)
+
+
+def _admission_records(
+    row: Row, resource: str, key: str | None
+) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
+    """The token's lease, and, for a token of this very resource, the resource's state
+    and the key's record, from admission_state's one row."""
+    if row["t_resource"] is None:
+        return None, None, None
+    lease = lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
+    assert lease is not None
+    if lease.resource != resource:
+        return lease, None, None
+    current = None
+    if row["holder"] is not None:
+        current = lease_record({**row, "resource": resource})
+    if current is not None and current.epoch == lease.epoch:
+        lease = current  # the same row, both read under the lock
+    state = ResourceState(
+        resource=resource,
+        epoch=int(row["epoch"] or 0),
+        lease=current,
+        open_effects=tuple(
+            OpenEffect(
+                id=effect_id,
+                state=EffectState(effect_state),
+                epoch=int(epoch),
+                idempotency_key=key,
+                fingerprint=fingerprint,
+            )
+            for effect_id, effect_state, epoch, key, fingerprint in json.loads(row["open_effects"])
+        ),
+        epoch_floor=int(row["epoch_floor"] or 0),
+    )
+    existing = None
+    if row["i_effect_id"] is not None:
+        existing = idempotency_record(
+            {
+                "resource": resource,
+                "key": key,
+                **{name: row[f"i_{name}"] for name in _KEY_COLUMNS},
+            }
+        )
+    return lease, state, existing
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """An admission refused: the refusal to count once its transaction is over, and
+    the resource whose holder it proved back after its lease expired, if newly so."""
+
+    refusal: Refusal
+    rejection: Rejection
+    came_back: str | None
