@@ -345,7 +345,7 @@ def test_the_client_key_goes_on_lease_calls_and_reads_never_on_a_fenced_request(
         if request.url.path.startswith("/_fence/v1/leases"):
             return granted()
         if request.url.path.startswith("/_fence/v1/effects/"):
-            return httpx.Response(200, json={"state": "COMMITTED"})
+            return httpx.Response(200, json={"id": "eff-1", "state": "COMMITTED"})
         return httpx.Response(200, json={})
 
     transport = httpx.MockTransport(answer)

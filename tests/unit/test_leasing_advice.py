@@ -3,6 +3,8 @@ pinned by the worked example and its edge cases."""
 
 from __future__ import annotations
 
+import pytest
+
 from core.lease_turns import (
     default_grid,
     detection_delay,
@@ -293,5 +295,6 @@ def _released(resource: str, turn_s: float) -> LeaseLife:
     )
 
 
+@pytest.mark.parametrize("percent", [50, 90, 99])
 def test_percentiles_of_no_turns_are_none(percent: int) -> None:
     assert nearest_rank([], percent) is None
