@@ -47,6 +47,8 @@ class RetentionCollector:
         self.interval_s = interval_s
         # Set to run a round now (tests, or an operator's tooling in-process).
         self.wake = asyncio.Event()
+        # Rounds ended (deleted, found nothing, or failed): what has run since the start.
+        self.rounds = 0
 
     @property
     def enabled(self) -> bool:
@@ -100,6 +102,7 @@ class RetentionCollector:
                 failures += 1
                 self.on_failure()
                 log.exception("retention round failed")
+            self.rounds += 1
             pause = self.interval_s * 2 ** min(failures, MAX_BACKOFF_DOUBLINGS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), pause)

@@ -492,6 +492,7 @@ async def make_fence(
             # plain 400) and the header timeout.
             server = await aiohttp_server(app, host="127.0.0.1", **server_options(policy))
             client: ProxyClient = await aiohttp_client(server)
+            await _first_retention_round(app)
             return Fence(
                 client,
                 app,
@@ -507,6 +508,19 @@ async def make_fence(
         return await start()
 
     return factory
+
+
+async def _first_retention_round(app: web.Application) -> None:
+    """Wait out the retention round the app runs as it starts. On PostgreSQL it updates
+    store_meta's row, and the test clock's move (FakeClock.advance) waits for that
+    row's lock while blocking this event loop: were the round's transaction still
+    open, it could never commit, and the move would wait out its lock_timeout."""
+    collector = app[RUNTIME].retention
+
+    async def ran() -> bool:
+        return collector is None or collector.rounds > 0
+
+    await poll_until(ran, "the retention round at the app's start", attempts=6000)
 
 
 @pytest.fixture
