@@ -24,6 +24,7 @@ import pytest
 
 from demo.upstream import demo_upstream_argv
 from proxy import cli as proxy_cli
+from proxy import cli_serve
 from store.queries import load_migrations
 from support.processes import ManagedProcess, free_port
 from tests.acceptance.test_cli import EXAMPLE, RESOURCE, Cli
@@ -326,7 +327,7 @@ def test_serve_losing_the_port_after_the_check_is_still_one_line(
     """The port is taken between the check and the bind (another process was quicker):
     the bind's own error, in one line. The race is made certain by skipping the check."""
     config = configured(tmp_path)
-    monkeypatch.setattr(proxy_cli, "_check_free", lambda host, port, how_to_change: None)
+    monkeypatch.setattr(cli_serve, "_check_free", lambda host, port, how_to_change: None)
     with busy_port() as taken, pytest.raises(SystemExit) as exited:
         proxy_cli.main(
             [
