@@ -34,7 +34,9 @@ def parse_store(root: Mapping, problems: Problems, base: Path) -> str:
             f"expected sqlite:///PATH or postgresql://..., got {store!r}",
         )
     elif backend is StoreBackend.SQLITE and (
-        not store.startswith("sqlite:///") or not store[len("sqlite:///") :].partition("?")[0]
+        not store.startswith("sqlite:///")
+        or not store[len("sqlite:///") :].partition("?")[0]
+        or "\0" in store  # no file name holds one; sqlite3.connect raises ValueError
     ):
         problems.add(root.children["store"], f"expected sqlite:///PATH, got {store!r}")
     elif backend is StoreBackend.SQLITE:

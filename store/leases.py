@@ -49,15 +49,7 @@ class Leases(StorePart):
             if isinstance(decision, Refusal):
                 return decision
             # A grant over a lease nobody ended: it expired, and is taken over now.
-            superseded = state.current_lease() is not None
-            if superseded:
-                await tx.execute(
-                    "end_lease",
-                    resource=resource,
-                    epoch=state.epoch,
-                    ended_at=tx.now,
-                    end_reason=Ending.SUPERSEDED,
-                )
+            superseded = await _end_current_lease(tx, state, Ending.SUPERSEDED)
             await _grant(tx, resource, holder, token_hash, decision, ttl_s, client)
             lease = LeaseRecord(
                 resource, decision.epoch, holder, tx.now, decision.expires_at, None, None, client
@@ -145,15 +137,7 @@ class Leases(StorePart):
         async def operation(tx: Tx) -> tuple[int, int]:
             nonlocal ended
             state = await resource_state(tx, resource, lock=True)
-            ended = state.current_lease() is not None
-            if ended:
-                await tx.execute(
-                    "end_lease",
-                    resource=resource,
-                    epoch=state.epoch,
-                    ended_at=tx.now,
-                    end_reason=why,
-                )
+            ended = await _end_current_lease(tx, state, why)
             advanced = state.next_epoch()
             await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
             return state.epoch, advanced
@@ -261,6 +245,16 @@ def _lease_entry(row: Row) -> LeaseEntry:
         end_reason=row["end_reason"],
         came_back_at=float_or_none(row["came_back_at"]),
     )
+
+
+async def _end_current_lease(tx: Tx, state: ResourceState, reason: str) -> bool:
+    """End the resource's lease that nobody ended yet, if it has one, as `reason`."""
+    if state.current_lease() is None:
+        return False
+    await tx.execute(
+        "end_lease", resource=state.resource, epoch=state.epoch, ended_at=tx.now, end_reason=reason
+    )
+    return True
 
 
 async def _live_leases(tx: Tx, holder: str, client: str | None, cap: int) -> LiveLeases:

@@ -686,6 +686,12 @@ def test_a_sqlite_path_is_read_from_the_policy_files_folder(written: str, opened
     assert parse_policy(text, base_dir=Path("/srv/fence")).store == opened
 
 
+def test_a_sqlite_path_with_a_nul_character_is_a_problem_not_a_traceback() -> None:
+    # sqlite3.connect raises ValueError on it: refused where the file is read instead.
+    text = edit("store: sqlite:///state/test.db", 'store: "sqlite:///state/te\\0st.db"')
+    assert_single_problem(text, 3, "store", "expected sqlite:///PATH, got")
+
+
 def test_a_store_left_where_the_working_directory_put_it_is_named_not_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
