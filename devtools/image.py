@@ -54,7 +54,7 @@ def image_policy() -> str:
     text = (ROOT / "config" / "example.yaml").read_text(encoding="utf-8")
     for example, shipped in (
         ("listen: {host: 127.0.0.1, port: 8080}", f"listen: {{host: 0.0.0.0, port: {PORT}}}"),
-        ("store: sqlite:///state/fenceproxy.db", f"store: sqlite:///{STATE_DIR}/fenceproxy.db"),
+        ("store: sqlite:///../state/fenceproxy.db", f"store: sqlite:///{STATE_DIR}/fenceproxy.db"),
     ):
         if text.count(example) != 1:
             raise SystemExit(f"config/example.yaml no longer has {example!r} exactly once")

@@ -68,7 +68,7 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-STORE_LINE = "store: sqlite:///state/fenceproxy.db"
+STORE_LINE = "store: sqlite:///../state/fenceproxy.db"
 
 
 def example_on(store_url: str, path: Path) -> Path:

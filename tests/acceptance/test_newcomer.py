@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from demo.run_example import EXAMPLE_STORE
 from demo.upstream import demo_upstream_argv
 from proxy import cli as proxy_cli
 from proxy import cli_serve
@@ -44,10 +45,16 @@ def busy_port() -> Iterator[int]:
         yield taken.getsockname()[1]
 
 
+def example_on_store(store_url: str) -> str:
+    """The example policy's text with its store replaced (it must be there to replace)."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert text.count(EXAMPLE_STORE) == 1
+    return text.replace(EXAMPLE_STORE, store_url)
+
+
 def configured(tmp_path: Path, upstream_port: int | None = None) -> Path:
     """The example policy on a store under tmp_path (and the upstream on that port)."""
-    text = EXAMPLE.read_text(encoding="utf-8")
-    text = text.replace("sqlite:///state/fenceproxy.db", f"sqlite:///{tmp_path / 's.db'}")
+    text = example_on_store(f"sqlite:///{tmp_path / 's.db'}")
     if upstream_port is not None:
         text = text.replace("http://127.0.0.1:9001", f"http://127.0.0.1:{upstream_port}")
     path = tmp_path / "fenceproxy.yaml"
@@ -300,9 +307,7 @@ def test_a_backup_taken_while_serving_restores_with_fence_restore(cli: Cli, tmp_
 
 
 def test_store_backup_of_postgresql_points_to_pg_dump(cli: Cli, tmp_path: Path) -> None:
-    text = EXAMPLE.read_text(encoding="utf-8").replace(
-        "sqlite:///state/fenceproxy.db", "postgresql://nobody@127.0.0.1:1/none"
-    )
+    text = example_on_store("postgresql://nobody@127.0.0.1:1/none")
     config = tmp_path / "pg.yaml"
     config.write_text(text, encoding="utf-8")
     result = cli("store", "backup", str(tmp_path / "b.db"), "--config", str(config))

@@ -87,7 +87,7 @@ def test_the_valid_base_used_by_these_tests_parses() -> None:
 def test_example_config_parses_into_the_documented_values(example: Policy) -> None:
     assert example.version == 1
     assert (example.listen.host, example.listen.port) == ("127.0.0.1", 8080)
-    assert example.store == f"sqlite:///{EXAMPLE.parent.absolute() / 'state/fenceproxy.db'}"
+    assert example.store == f"sqlite:///{EXAMPLE.parent.absolute() / '../state/fenceproxy.db'}"
     assert example.admin_token_env == "FENCEPROXY_ADMIN_TOKEN"
     assert (example.leases.min_ttl_s, example.leases.max_ttl_s) == (1, 300)
     assert example.leases.default_ttl_s == 30
@@ -136,7 +136,12 @@ def test_route_defaults_apply_when_keys_are_absent() -> None:
     assert route.reconcile is None
 
 
-def test_top_level_defaults_apply_when_sections_are_absent() -> None:
+def test_top_level_defaults_apply_when_sections_are_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Away from the project's folder: a store `make run` left in its state/ would be
+    # the working directory's file the default path's guard refuses to skip silently.
+    monkeypatch.chdir(tmp_path)
     text = edit("listen: {host: 127.0.0.1, port: 8080}\n", "")
     text = edit("leases: {min_ttl_s: 1, max_ttl_s: 300, default_ttl_s: 30}\n", "", text)
     text = edit("store: sqlite:///state/test.db\n", "", text)
