@@ -180,6 +180,12 @@ def _await_settlement(
             state = lease.wait_settled(effect_id, min(remaining, settings.claim_ttl_s / 3))
         except TimeoutError:
             continue
+        except httpx.TransportError as exc:
+            # The write is still in doubt, whatever became of the proxy: never "nothing
+            # was done". Asked again until the wait is over, then the job blocks.
+            log.warning("effect %s: its settlement could not be read: %s", effect_id, exc)
+            time.sleep(min(RESEND_PAUSE_S, remaining))
+            continue
         return outcome_of_settlement(effect_id, state)
     return _blocked_with_schedule(lease, effect_id)
 

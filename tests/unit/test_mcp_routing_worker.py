@@ -136,6 +136,7 @@ class ScriptedLease:
         self.sent: list[tuple[str, str | None, Any]] = []
         self.settled = settled
         self.waited_for: list[str] = []
+        self.unreadable: list[Exception] = []  # raised by the next reads of the settlement
 
     def request(
         self, method: str, path: str, *, json: Any = None, idempotency_key: str | None = None
@@ -148,6 +149,8 @@ class ScriptedLease:
 
     def wait_settled(self, effect_id: str, timeout_s: float) -> str:
         self.waited_for.append(effect_id)
+        if self.unreadable:
+            raise self.unreadable.pop(0)
         return self.settled
 
 
@@ -253,3 +256,13 @@ def test_a_blocked_job_whose_answer_was_lost_never_says_nothing_was_sent() -> No
     assert "Nothing of this job was sent" not in said
     assert said.startswith("The answer to this job's write was lost on its way back")
     assert "Idempotency-Key" in said
+
+
+def test_a_settlement_that_cannot_be_read_for_a_while_is_read_again_not_nothing_done() -> None:
+    lease = ScriptedLease(refusal("outcome_unknown", 504, effect_id="eff-1"))
+    lease.unreadable = [httpx.ReadError("reset"), httpx.ConnectError("refused")]
+
+    outcome = write(lease)
+
+    assert outcome == Outcome("written", DONE, "effect eff-1 settled COMMITTED")
+    assert lease.waited_for == ["eff-1"] * 3
