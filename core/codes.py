@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     EXPECTATION_FAILED = "expectation_failed"
     RECOVERY_WINDOW = "recovery_window"
+    KEY_APPLIED_REQUEST_UNKNOWN = "key_applied_request_unknown"
 
     @property
     def status(self) -> int:
@@ -225,6 +226,14 @@ _PROBLEMS = {
         "window is open: the idempotency key is not in the store, the old primary may have "
         "applied it, and the route's probe cannot tell yet (or it has none): nothing was "
         "recorded or forwarded (`Retry-After` set)",
+    ),
+    ErrorCode.KEY_APPLIED_REQUEST_UNKNOWN: _Problem(
+        409,
+        "Key applied before a failover; its request unknown",
+        "in the recovery window, the route's probe says a request with this idempotency key "
+        "was applied before the failover; the store lost its record and the request's "
+        "fingerprint with it, so whether it was this request (this payload) cannot be told: "
+        "not a replay, and nothing was recorded or forwarded",
     ),
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,

@@ -142,10 +142,12 @@ async def _ask_about_unknown_key(
 ) -> web.Response | None:
     """In the recovery window, a key the store does not know may have been applied by the
     old primary before the failover. Ask the route's probe: applied, the worker is told
-    so (as a replay of an effect committed by reconciliation, with no response to
-    replay); not applied, and believed (the settle window counted from the opening of the
-    recovery window, after anything the old primary sent), None: the key is new and is
-    forwarded. Otherwise, or with no probe, refused with `recovery_window`."""
+    that a request with this key was applied, never that this one was (not a replay: the
+    store lost the fingerprint, so another payload under the key, refused
+    `idempotency_key_reused` before the failover, cannot be told from this one); not
+    applied, and believed (the settle window counted from the opening of the recovery
+    window, after anything the old primary sent), None: the key is new and is forwarded.
+    Otherwise, or with no probe, refused with `recovery_window`."""
     window = unknown.window
     if route.reconcile is None:
         runtime.metrics.count_refusal(ErrorCode.RECOVERY_WINDOW)
@@ -166,17 +168,17 @@ async def _ask_about_unknown_key(
     if verdict.conclusion is Conclusion.NOT_COMMITTED:
         return None
     if verdict.conclusion is Conclusion.COMMITTED:
-        return web.json_response(
-            {
-                "replayed": True,
-                "state": EffectState.COMMITTED.value,
-                "settled_by": "recovery probe",
-                "detail": "the operation was applied before the store lost history (a "
-                f"failover), as the upstream's probe says ({verdict.detail}); its response "
-                "was lost with the store's record, so there is none to replay",
-            },
-            status=200,
-            headers={"Fence-Resource": resource, forwarding.REPLAYED: "true"},
+        runtime.metrics.count_refusal(ErrorCode.KEY_APPLIED_REQUEST_UNKNOWN)
+        return problem(
+            ErrorCode.KEY_APPLIED_REQUEST_UNKNOWN,
+            f"the store lost history ({window.reason}); the upstream's probe says a request "
+            f"with idempotency key {key!r} was applied before the failover "
+            f"({verdict.detail}), but the store lost that request's record and payload, so "
+            "the proxy cannot tell whether it was this request: do not take this request as "
+            "applied, check the upstream's own record of the key; nothing was forwarded",
+            route=route.name,
+            resource=resource,
+            recovery_opened_at=window.opened_at,
         )
     wait_s = max(1, math.ceil(verdict.settle_left_s))
     runtime.metrics.count_refusal(ErrorCode.RECOVERY_WINDOW)

@@ -109,9 +109,10 @@ async def probe_unknown_key(
     key: str,
     since: float,
 ) -> KeyProbe:
-    """Ask `route`'s probe whether the operation of `key` on `path` was applied, with the
+    """Ask `route`'s probe whether a request with `key` on `path` was applied, with the
     settle window counted from `since` (on the store's clock): a "not applied" is
-    believed only once anything sent before `since` has had time to land."""
+    believed only once anything sent before `since` has had time to land. A probe asks
+    by key alone: "applied" says nothing of which payload was (the store lost it)."""
     assert route.reconcile is not None
     asked_at = await store.now()
     status, error = await ask_upstream_about(

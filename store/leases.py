@@ -47,6 +47,10 @@ class Leases(StorePart):
                 live = await _live_leases(tx, holder, client, max_live_leases)
             decision = fencing.decide_acquire(state, ttl_s, tx.now, live)
             if isinstance(decision, Refusal):
+                if not state.epoch:
+                    # A refusal writes nothing about a name the store did not know: a
+                    # flood of made-up resources must not grow the store row by row.
+                    await tx.execute("forget_unleased_resource", resource=resource)
                 return decision
             # A grant over a lease nobody ended: it expired, and is taken over now.
             superseded = await _end_current_lease(tx, state, Ending.SUPERSEDED)

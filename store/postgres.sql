@@ -19,6 +19,16 @@ SELECT extract(epoch FROM clock_timestamp())::float8
        + (SELECT clock_offset_s FROM store_meta) AS now
 FROM (SELECT count(*) FROM locked) AS held
 
+-- forget_unleased_resource --
+-- After a refused acquire of a resource never leased: the epoch-0 row lock_resource
+-- inserted to lock it goes with the refusal, so a made-up name leaves no row (nor a
+-- refusal that keeps it: add_refusals keeps only names of resources). Only a row nothing
+-- refers to, at epoch 0: an epoch issued is never forgotten here.
+DELETE FROM resources r
+WHERE r.resource = :resource AND r.epoch = 0
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = r.resource)
+  AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.resource = r.resource)
+
 -- resource_state --
 -- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch
 -- if it was a grant, and the epoch floor.

@@ -6,6 +6,10 @@
 -- Nothing to lock: BEGIN IMMEDIATE already serialises every writer on the file,
 -- so this block is empty and costs nothing.
 
+-- forget_unleased_resource --
+-- After a refused acquire of a resource never leased (see the PostgreSQL file): here
+-- lock_resource writes no row, so there is none to forget; the block is empty.
+
 -- resource_state --
 -- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
 -- was a grant (a revocation advances the epoch without one), and the epoch floor.

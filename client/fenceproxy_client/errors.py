@@ -257,6 +257,16 @@ class RecoveryWindow(FenceError):
     code = "recovery_window"
 
 
+class KeyAppliedRequestUnknown(FenceError):
+    """After a failover lost the store's history, the route's probe says a request with
+    this idempotency key was applied before; the store lost its payload, so whether it
+    was this request cannot be told. Nothing was sent. Do not take it as this request
+    applied (another payload under the same key would have been refused
+    `idempotency_key_reused`): check the upstream's own record of the key."""
+
+    code = "key_applied_request_unknown"
+
+
 def _by_code() -> dict[str, type[FenceError]]:
     return {cls.code: cls for cls in FenceError.__subclasses__()}
 

@@ -37,6 +37,11 @@ FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 STATES: Final = (PENDING, RUNNING, DONE, BLOCKED, FAILED, CANCELLED)
 
+# A job's write whose answer was lost on its way back (a reset, a connection closed
+# before the answer) and that the proxy could not be asked about under the job's key:
+# it may have been applied, so the job is blocked, never "nothing was done".
+ANSWER_LOST: Final = "answer_lost"
+
 # Attempts that end this way are tried again, but not forever: a worker that raises on
 # an answer it cannot read, or dies, would do so on every claim.
 COUNTED_FAILURES: Final = frozenset({"worker_error", "worker_exited"})
@@ -124,6 +129,15 @@ def blocked_next_step(
     if recheck_at is not None:
         looks_again += f" (next at {_utc(recheck_at)})"
     looks_again += ", or at once with retry_job."
+    if effect_id is None and result is not None and result.get("outcome") == ANSWER_LOST:
+        return (
+            "The answer to this job's write was lost on its way back: the write may or may"
+            " not have been applied, and it will not be sent as a new write. It was sent"
+            " with the job's id as its Idempotency-Key, so the proxy's record of that key"
+            " says which: once nothing on the rule is in doubt at the proxy, the job runs"
+            " again under the same key, done if the proxy has its write applied, written"
+            " once if not. " + looks_again
+        )
     if effect_id is None:
         return (
             "Nothing of this job was sent. Another write to the rule is in doubt at the"

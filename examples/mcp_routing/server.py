@@ -285,7 +285,8 @@ async def recheck(settings: ServerSettings, store: JobStore, blocked: BlockedJob
     The look is a lease on the rule: the proxy grants none while a write to it is in
     doubt, and the lease's token reads the job's effect (the token of any lease on
     the effect's resource may). Committed: the job is done. Not committed (or someone
-    else's effect, now settled): it runs again under a new claim and lease."""
+    else's effect, now settled, or a write of its own whose answer was lost): it runs
+    again under a new claim and lease."""
     outcome: Outcome | None = None
     try:
         async with (
@@ -297,7 +298,10 @@ async def recheck(settings: ServerSettings, store: JobStore, blocked: BlockedJob
             client.lease(f"rule:{blocked.rule_id}", RECHECK_HOLDER) as lease,
         ):
             if blocked.effect_id is None:
-                outcome = Outcome("settled", PENDING, "the write in doubt was settled")
+                # Nothing on the rule is in doubt now (the lease was granted). A job whose
+                # own answer was lost runs again under its key: the proxy's record of
+                # it says whether its write was applied.
+                outcome = Outcome("settled", PENDING, "nothing on the rule is in doubt now")
             else:
                 state = await lease.wait_settled(blocked.effect_id, 0)
                 outcome = outcome_of_settlement(blocked.effect_id, state)

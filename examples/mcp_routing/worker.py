@@ -27,7 +27,16 @@ from typing import Any, Final
 import httpx
 from fenceproxy_client import FenceClient, Lease, errors
 
-from examples.mcp_routing.jobs import BLOCKED, DONE, FAILED, PENDING, Claim, JobStore, Outcome
+from examples.mcp_routing.jobs import (
+    ANSWER_LOST,
+    BLOCKED,
+    DONE,
+    FAILED,
+    PENDING,
+    Claim,
+    JobStore,
+    Outcome,
+)
 
 IDLE_POLL_S: Final = 0.1
 
@@ -42,6 +51,14 @@ STOP_BEFORE_WRITE_ENV: Final = "MCP_ROUTING_STOP_BEFORE_WRITE_GENERATION"
 RETRIED_CODES: Final = frozenset(
     {"stale_epoch", "lease_expired", "lease_held", "upstream_unreachable", "overloaded"}
 )
+
+# The only transport errors that prove a request never left this process: no connection
+# was made (refused, timed out, none free in the pool). Any other (a reset, a read
+# timeout, a connection closed before the answer) may come after the proxy forwarded
+# the write and recorded it applied.
+NOTHING_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Between two sends of a write whose answer was lost.
+RESEND_PAUSE_S: Final = 0.2
 
 log = logging.getLogger("mcp_routing.worker")
 
@@ -150,34 +167,37 @@ def outcome_of_settlement(effect_id: str, state: str) -> Outcome:
 
 
 def _await_settlement(
-    lease: Lease,
-    store: JobStore,
-    claim: Claim,
-    settings: WorkerSettings,
-    doubt: errors.OutcomeUnknown,
+    lease: Lease, store: JobStore, claim: Claim, settings: WorkerSettings, effect_id: str
 ) -> Outcome:
-    """Wait up to `settle_wait_s` for the proxy to settle the write in doubt, never
-    resending it. The claim is extended meanwhile: the worker is alive and on the job."""
+    """Wait up to `settle_wait_s` for the proxy to settle the job's write `effect_id`,
+    never resending it. The claim is extended meanwhile: the worker is alive and on the
+    job."""
     deadline = time.monotonic() + settings.settle_wait_s
     while (remaining := deadline - time.monotonic()) > 0:
         if not store.progress(claim, settings.claim_ttl_s, phase="settling"):
             break  # replaced meanwhile: the job is its successor's now
         try:
-            state = lease.wait_settled(doubt.effect_id, min(remaining, settings.claim_ttl_s / 3))
+            state = lease.wait_settled(effect_id, min(remaining, settings.claim_ttl_s / 3))
         except TimeoutError:
             continue
-        return outcome_of_settlement(doubt.effect_id, state)
-    return _blocked_with_schedule(lease, doubt)
+        except httpx.TransportError as exc:
+            # The write is still in doubt, whatever became of the proxy: never "nothing
+            # was done". Asked again until the wait is over, then the job blocks.
+            log.warning("effect %s: its settlement could not be read: %s", effect_id, exc)
+            time.sleep(min(RESEND_PAUSE_S, remaining))
+            continue
+        return outcome_of_settlement(effect_id, state)
+    return _blocked_with_schedule(lease, effect_id)
 
 
-def _blocked_with_schedule(lease: Lease, doubt: errors.OutcomeUnknown) -> Outcome:
+def _blocked_with_schedule(lease: Lease, effect_id: str) -> Outcome:
     """The job blocks on its write in doubt; its result carries when the proxy probes it
     next (or that no probe will), so the job can say how it will be settled."""
-    blocked = outcome_of_refusal(doubt)
+    blocked = Outcome("outcome_unknown", BLOCKED, f"effect {effect_id} in doubt", effect_id)
     try:
-        effect = lease.effect(doubt.effect_id)
+        effect = lease.effect(effect_id)
     except (errors.FenceError, httpx.TransportError) as exc:
-        log.warning("effect %s: its probe schedule could not be read: %s", doubt.effect_id, exc)
+        log.warning("effect %s: its probe schedule could not be read: %s", effect_id, exc)
         return blocked
     return dataclasses.replace(blocked, probe_schedule={"next_probe_at": effect.next_probe_at})
 
@@ -210,30 +230,93 @@ def _read_and_write(
         rule = _read_rule(lease, path)
         lease.progress()  # the same steps keep the lease renewed and the claim alive
         store.progress(claim, settings.claim_ttl_s, phase="writing", rule_read=rule)
-        _stop_here_if_asked(claim)
-        # Deliberately no check of lease.lost or of the claim here: only the proxy can
-        # tell whether this lease is still the resource's current one.
-        written = lease.request(
-            "PUT",
-            path,
-            json={
-                **rule,
-                "route_to": claim.route_to,
-                "written_by": {"job": claim.job_id, "worker": claim.worker, "epoch": lease.epoch},
-            },
-        )
-    except errors.OutcomeUnknown as doubt:
-        log.info("job %s: write in doubt (effect %s)", claim.job_id, doubt.effect_id)
-        return _await_settlement(lease, store, claim, settings, doubt)
     except errors.FenceError as refusal:
         return outcome_of_refusal(refusal)
     except errors.UpstreamError as exc:
         return Outcome("upstream_error", FAILED, f"upstream answered {exc.response.status_code}")
     except httpx.TransportError as exc:
-        # A rule PUT is last-write-wins, so trying the whole job again is safe.
+        # Nothing was written yet: the job starts again from a fresh read.
         return Outcome("proxy_unreachable", PENDING, type(exc).__name__)
-    version = written.json().get("version")
-    return Outcome("written", DONE, f"version {version} under epoch {lease.epoch}")
+    _stop_here_if_asked(claim)
+    # Deliberately no check of lease.lost or of the claim here: only the proxy can
+    # tell whether this lease is still the resource's current one.
+    body = {
+        **rule,
+        "route_to": claim.route_to,
+        "written_by": {"job": claim.job_id, "worker": claim.worker, "epoch": lease.epoch},
+    }
+    return write_rule(lease, store, claim, settings, path, body)
+
+
+def write_rule(
+    lease: Lease,
+    store: JobStore,
+    claim: Claim,
+    settings: WorkerSettings,
+    path: str,
+    body: dict[str, Any],
+) -> Outcome:
+    """PUT the rule under the job's id as its Idempotency-Key, and make the answer an
+    Outcome. The key is what makes a lost answer safe to ask about: the same request
+    sent again is answered from the proxy's record of the first (replayed if it was
+    applied, `request_in_progress` while it is forwarded, blocked while it is in doubt),
+    and forwarded only if the first was not applied; a later attempt of the job (another
+    body, under its own lease) is refused `idempotency_key_reused` with the first one's
+    effect id, never applied over a newer job's write."""
+    lost: str | None = None  # why an earlier send of this write is unaccounted for
+    deadline = time.monotonic() + settings.settle_wait_s
+    while True:
+        try:
+            written = lease.request("PUT", path, json=body, idempotency_key=claim.job_id)
+        except errors.OutcomeUnknown as doubt:
+            log.info("job %s: write in doubt (effect %s)", claim.job_id, doubt.effect_id)
+            return _await_settlement(lease, store, claim, settings, doubt.effect_id)
+        except (errors.RequestInProgress, errors.IdempotencyKeyReused) as earlier:
+            # The key is this job's: the proxy names a write of this job it already has
+            # (an earlier send whose answer was lost), which the job follows.
+            effect_id = str(earlier.problem.get("effect_id", ""))
+            log.info("job %s: its key names effect %s (%s)", claim.job_id, effect_id, earlier.code)
+            return _await_settlement(lease, store, claim, settings, effect_id)
+        except errors.UpstreamError as exc:
+            return Outcome(
+                "upstream_error", FAILED, f"upstream answered {exc.response.status_code}"
+            )
+        except errors.FenceError as refusal:
+            if lost is None:
+                return outcome_of_refusal(refusal)
+            # Refused before anything was forwarded: the first send is still unaccounted
+            # for, and the proxy's record of the key settles it.
+            return _answer_lost(lost, f"asking again was refused: {refusal.code}")
+        except httpx.TransportError as exc:
+            if lost is None and isinstance(exc, NOTHING_SENT):
+                return Outcome("proxy_unreachable", PENDING, type(exc).__name__)
+            if lost is None:
+                lost = f"the answer to the write was lost ({type(exc).__name__})"
+                log.info("job %s: %s; asking again under its key", claim.job_id, lost)
+                continue  # asked at once: the proxy has its record already
+            if time.monotonic() >= deadline or not store.progress(
+                claim, settings.claim_ttl_s, phase="asking"
+            ):
+                return _answer_lost(lost, "no answer to asking again either")
+            time.sleep(RESEND_PAUSE_S)
+            continue
+        version = written.json().get("version")
+        epoch = written.headers.get("Fence-Epoch", str(lease.epoch))
+        if written.headers.get("Idempotent-Replayed") == "true":
+            return Outcome(
+                "written",
+                DONE,
+                f"version {version} under epoch {epoch} (replayed by the proxy from its"
+                " record of an earlier send, whose answer was lost)",
+            )
+        return Outcome("written", DONE, f"version {version} under epoch {epoch}")
+
+
+def _answer_lost(lost: str, why: str) -> Outcome:
+    """The job's write may or may not have been applied, and the proxy could not be
+    asked now: the job blocks until nothing on the rule is in doubt, then runs again
+    under its key, which the proxy answers from its record of the first send."""
+    return Outcome(ANSWER_LOST, BLOCKED, f"{lost}; {why}")
 
 
 def run_job(

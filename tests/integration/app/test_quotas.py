@@ -231,6 +231,35 @@ async def test_the_live_lease_refusal_is_counted_too(make_fence: FenceFactory) -
     assert await backends.count(fence.store_url, "refusals") == 1
 
 
+async def test_acquires_of_made_up_resources_refused_at_the_cap_leave_no_row_each(
+    make_fence: FenceFactory,
+) -> None:
+    """A refused acquire writes nothing about a resource the store did not know: no
+    `resources` row for the name (on PostgreSQL the lock's upsert inserts one, which
+    committed with the refusal), and the refusal's resource is "none" (docs/reference/
+    refusals.md), so a flood of made-up names grows neither table."""
+    fence = await make_fence(quotas="{live_leases: 1, acquires_per_s: 0}")
+    await fence.acquire("rules:held", holder="worker-a", ttl_s=30)
+    await rate_limited(await fence.acquire_response("rules:warm-up", holder="worker-a"))
+    await counted_in_the_end(fence, 1)
+    resources_before = await backends.count(fence.store_url, "resources")
+    refusals_before = await backends.count(fence.store_url, "refusals")
+    times = 30
+
+    for i in range(times):
+        await rate_limited(await fence.acquire_response(f"rules:made-up-{i}", holder="worker-a"))
+    await counted_in_the_end(fence, 1 + times)
+
+    assert await backends.count(fence.store_url, "resources") == resources_before
+    assert await backends.count(fence.store_url, "refusals") == refusals_before
+    made_up = "resource LIKE 'rules:made-up%'"
+    assert await backends.count(fence.store_url, "resources", made_up) == 0
+    listed = await fence.rejections()
+    assert [(r["code"], r["resource"], r["count"]) for r in listed] == [
+        ("rate_limited", None, 1 + times)
+    ], listed
+
+
 # --- with auth: the client is the subject --------------------------------------------------
 
 CLIENT_KEY = "quota-client-key-0123456789abcdef0123"
