@@ -37,6 +37,9 @@ answers when it has acted). The actions:
 * ``hold``: forward the COMMIT, hold the server's answer for `delay_s`, then pass it
   on (`then="pass"`) or close both sides (`then="cut"`).
 
+`blackhole_after=True` turns the blackhole (below) on as the fault acts, before the
+client can reconnect: the store then stays unreachable until `blackhole(False)`.
+
 For a harness: `cut_all()` closes every connection open now (new ones pass);
 `blackhole(True)` stops forwarding anything, both ways, on every connection old and
 new (sockets stay open, as a network partition would leave them) until
@@ -88,6 +91,7 @@ class Fault:
     match: str
     delay_s: float = 0.0
     then: Literal["pass", "cut"] = "pass"
+    blackhole_after: bool = False
     report: Report | None = None
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -159,11 +163,12 @@ class PgRelay:
         *,
         delay_s: float = 0.0,
         then: Literal["pass", "cut"] = "pass",
+        blackhole_after: bool = False,
     ) -> Fault:
         """A fault for the next transaction whose statements since BEGIN hold `match`."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}")
-        fault = Fault(action, match, delay_s, then)
+        fault = Fault(action, match, delay_s, then, blackhole_after)
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -328,6 +333,8 @@ class _Link:
         if fault is None:
             return False
         fault.report = Report(fault.action, transaction=statements)
+        if fault.blackhole_after:
+            self.relay.flowing.clear()  # this link's own COMMIT is forwarded regardless
         try:
             return await self._act(fault, fault.report, message)
         finally:
@@ -392,10 +399,10 @@ class _Link:
                 head = await self.up_reader.readexactly(4)
                 (length,) = struct.unpack("!i", head)
                 message = kind + head + await self.up_reader.readexactly(length - 4)
-                await self._hole()
-                if self.diverted is not None:
+                if self.diverted is not None:  # a fault's, whatever else holds
                     self.diverted.put_nowait((kind, message))
                     continue
+                await self._hole()
                 self.writer.write(message)
                 await self.writer.drain()
         except (OSError, asyncio.IncompleteReadError, ConnectionError):
