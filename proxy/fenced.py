@@ -149,6 +149,8 @@ async def _settle_lost_admission(
     (freeing its key) so that the worker's retry goes through, and tell the worker
     only what is true: nothing was sent, and whether the record is settled yet."""
     log.warning("the answer to the admission of %s was lost: %s", lost.effect_id, lost)
+    # Counted as every store_unavailable is (the middleware counts the others).
+    runtime.metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
     lost_answer = f"the store's answer to the admission was lost ({lost})"
     try:
         effect = await _settle_unsent(runtime, lost)

@@ -145,6 +145,18 @@ async def test_hold_delivers_the_answer_late(pg_url: str, relay: PgRelay) -> Non
     assert await _rows(pg_url) == [1]
 
 
+async def test_hold_then_cut_commits_and_never_answers(pg_url: str, relay: PgRelay) -> None:
+    await _table(pg_url)
+    fault = relay.arm("hold", match="INSERT INTO marks", delay_s=0.2, then="cut")
+    conn = await asyncpg.connect(relay.url(pg_url))
+    with pytest.raises(LOST):
+        await _insert(conn, 1)
+    conn.terminate()
+    assert fault.wait(5.0) and fault.report is not None
+    assert fault.report.committed and not fault.report.delivered_answer
+    assert await _rows(pg_url) == [1]
+
+
 async def test_cut_all_and_blackhole(pg_url: str, relay: PgRelay) -> None:
     conn = await asyncpg.connect(relay.url(pg_url))
     relay.cut_all()

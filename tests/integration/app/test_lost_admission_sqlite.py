@@ -22,6 +22,7 @@ from store import AdmissionInDoubt, Admitted, CommitUnknown, NewEffect, StoreUna
 from store.base import Tx
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock, Fence, assert_problem
+from tests.integration.app.test_metrics import labels, scrape
 from tests.integration.app.test_store_contract import (
     acquire,
     granted,
@@ -151,6 +152,9 @@ async def test_the_worker_is_told_nothing_was_sent_and_the_retry_goes_through(
     [effect] = await fence.effects()
     assert effect["state"] == "NOT_SENT", effect
     assert await fence.upstream_orders() == 0
+    # What an operator alerts on: every 503 store_unavailable is counted.
+    metrics = await scrape(fence)
+    assert metrics["fenceproxy_refusals_total"][labels(code="store_unavailable")] == 1
     retry = await fence.order("widget", lease["token"], "k-1")
     assert retry.status == 201, await retry.text()
     assert await fence.upstream_orders() == 1
