@@ -190,12 +190,12 @@ async def _settle_lost_admission(
             settled=True,
             state=effect.state.value,
         )
-    # Someone else decided first (an operator, a conflict): their word stands.
+    # Someone else decided first (an operator, a probe, a conflict): their word stands.
+    by = f" (settled by {effect.settled_by})" if effect.settled_by else ""
     return problem(
         ErrorCode.STORE_UNAVAILABLE,
         f"{lost_answer}: nothing was sent to the upstream; the admission had been recorded "
-        f"(effect {effect.id}), which is {effect.state.value} "
-        f"(by {effect.settled_by or 'a receipt'})",
+        f"(effect {effect.id}), which is {effect.state.value}{by}",
         effect_id=effect.id,
         resource=effect.resource,
         settled=effect.state not in BLOCKING,
@@ -219,6 +219,12 @@ async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
             effect = await _settle_unsent(runtime, lost)
         except StoreError as exc:
             log.warning("%s is not settled yet: %s", lost.effect_id, exc)
+            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
+            continue
+        except Exception:
+            # A bug must not end the settling: the record would wait for the sweep.
+            runtime.metrics.count_background_failure("settle-unsent")
+            log.exception("settling %s failed", lost.effect_id)
             pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
             continue
         state = "not recorded" if effect is None else effect.state.value
