@@ -133,7 +133,8 @@ _PROBLEMS = {
     ErrorCode.EFFECT_IN_FLIGHT: _Problem(
         409,
         "Effect in flight",
-        "`max_in_flight` effects are being forwarded; or probe or resolve of an effect whose "
+        "`max_in_flight` effects are in flight (being forwarded, or being settled as not "
+        "sent after a lost admission answer); or probe or resolve of an effect whose "
         "request may still be in flight",
     ),
     ErrorCode.EFFECT_SETTLED: _Problem(
@@ -143,7 +144,10 @@ _PROBLEMS = {
         "whose effect was meanwhile settled not committed",
     ),
     ErrorCode.REQUEST_IN_PROGRESS: _Problem(
-        409, "Request in progress", "the same idempotency key is being forwarded now"
+        409,
+        "Request in progress",
+        "the same idempotency key is in flight: being forwarded, or being settled as not "
+        "sent after the store's answer to its admission was lost",
     ),
     ErrorCode.LEASE_TOO_SHORT: _Problem(
         409,
@@ -211,7 +215,10 @@ _PROBLEMS = {
         "Store unavailable",
         "the store did not answer, refused a write, or cannot be trusted (its SQLite file was "
         "deleted or replaced): before dispatch nothing was decided; after it the receipt was "
-        "not recorded and the effect stays in doubt (`Retry-After` set)",
+        "not recorded and the effect stays in doubt; if the answer to the admission itself "
+        "was lost, nothing was sent, and `settled` says whether the admission's record "
+        "(`effect_id`), if written, is settled `NOT_SENT` yet (true: the operation can be "
+        "retried; false: the proxy keeps settling it) (`Retry-After` set)",
     ),
     ErrorCode.OVERLOADED: _Problem(
         503,

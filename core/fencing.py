@@ -291,7 +291,9 @@ def _key_reused(request: AdmissionRequest, effect_id: str) -> Refusal:
 def _in_progress(request: AdmissionRequest, effect_id: str) -> Refusal:
     return Refusal(
         "request_in_progress",
-        "a request with this Idempotency-Key is being forwarded now",
+        "a request with this Idempotency-Key is in flight: being forwarded, or, after the "
+        "store's answer to its admission was lost, being settled as not sent (ask again: it "
+        "replays, or goes through once settled)",
         {"resource": request.resource, "effect_id": effect_id},
     )
 

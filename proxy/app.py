@@ -35,7 +35,7 @@ from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME, UPSTREAMS, Runtime, Upstreams, runtime_of
 from reconcile import operations as reconciliation
 from reconcile.prober import Reconciler
-from store import Store, StoreUnavailable, open_store
+from store import CommitUnknown, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("fenceproxy")
 
@@ -87,6 +87,7 @@ def build_app(
         [
             redaction_ctx,
             _store_ctx,
+            _settling_ctx,
             _client_ctx,
             _garbage_collector_ctx,
             _refusal_counts_ctx,
@@ -164,6 +165,12 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
         log.warning("effects in flight at the last stop are now UNKNOWN: %s", recovered)
     yield
     await store.close()
+
+
+async def _settling_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Nothing of the settling of lost admission answers outlives the app, nor its store."""
+    yield
+    await app[RUNTIME].stop_settling()
 
 
 async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -348,6 +355,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         log.error("store unavailable: %s", exc)
         # Counted, not recorded: the store is what does not answer.
         runtime_of(request).metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
+        if isinstance(exc, CommitUnknown):
+            return problem(
+                ErrorCode.STORE_UNAVAILABLE,
+                "the lease store's answer was lost after the write was sent: it may or may "
+                "not have been done (look before doing it again)",
+            )
         return problem(
             ErrorCode.STORE_UNAVAILABLE,
             "the lease store did not answer or refused (try again); nothing was done",

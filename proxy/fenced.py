@@ -19,7 +19,7 @@ from yarl import URL
 
 from core.codes import ErrorCode
 from core.fencing import Replay
-from core.lifecycle import Answer, Event
+from core.lifecycle import BLOCKING, Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
 from core.probing import Conclusion
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
@@ -37,7 +37,7 @@ from proxy.requests import (
 from proxy.runtime import UPSTREAMS, Runtime, Upstreams
 from proxy.tokens import token_hash, well_formed
 from reconcile import prober
-from store import Admitted, NewEffect, Receipt, UnknownKey
+from store import AdmissionInDoubt, Admitted, NewEffect, Receipt, StoreError, UnknownKey
 
 log = logging.getLogger("fenceproxy")
 
@@ -103,17 +103,26 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         upstream_idempotent=route.upstream_idempotent,
     )
     standing = request.config_dict[CREDENTIALS].standing
-    decision = await runtime.store.admit(token_hash(token), new, standing)
-    if isinstance(decision, UnknownKey):
-        assert key is not None  # only a key is unknown
-        unknown = await _ask_about_unknown_key(
-            runtime, request.config_dict[UPSTREAMS], route, resource, request.path, key, decision
-        )
-        if unknown is not None:
-            runtime.metrics.count_request(route.name, "refused")
-            return unknown
-        decision = await runtime.store.admit(token_hash(token), new, standing, key_cleared=True)
-        assert not isinstance(decision, UnknownKey)
+    try:
+        decision = await runtime.store.admit(token_hash(token), new, standing)
+        if isinstance(decision, UnknownKey):
+            assert key is not None  # only a key is unknown
+            unknown = await _ask_about_unknown_key(
+                runtime,
+                request.config_dict[UPSTREAMS],
+                route,
+                resource,
+                request.path,
+                key,
+                decision,
+            )
+            if unknown is not None:
+                runtime.metrics.count_request(route.name, "refused")
+                return unknown
+            decision = await runtime.store.admit(token_hash(token), new, standing, key_cleared=True)
+            assert not isinstance(decision, UnknownKey)
+    except AdmissionInDoubt as lost:
+        return await _settle_lost_admission(runtime, route, lost)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
@@ -124,6 +133,103 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     runtime.metrics.count_request(route.name, "refused")
     runtime.metrics.count_refusal(decision.code)  # recorded by the admission itself
     return refusal_response(decision)
+
+
+# After a lost admission answer the store is asked again at once, then, if it does not
+# answer, in the background with pauses growing to this bound until it does.
+UNSENT_RETRY_FIRST_S = 0.2
+UNSENT_RETRY_MAX_S = 10.0
+
+
+async def _settle_lost_admission(
+    runtime: Runtime, route: Route, lost: AdmissionInDoubt
+) -> web.Response:
+    """The admission's COMMIT was sent and its answer lost: the effect may be recorded
+    DISPATCHING, but this request was never forwarded. Find out and settle it NOT_SENT
+    (freeing its key) so that the worker's retry goes through, and tell the worker
+    only what is true: nothing was sent, and whether the record is settled yet."""
+    log.warning("the answer to the admission of %s was lost: %s", lost.effect_id, lost)
+    # Counted as every store_unavailable is (the middleware counts the others).
+    runtime.metrics.count_refusal(ErrorCode.STORE_UNAVAILABLE)
+    lost_answer = f"the store's answer to the admission was lost ({lost})"
+    try:
+        effect = await _settle_unsent(runtime, lost)
+    except StoreError as exc:
+        log.warning("%s is not settled yet: %s; trying again in the background", lost, exc)
+        runtime.settle_in_background(_settle_until_done(runtime, lost), lost.effect_id)
+        runtime.metrics.count_request(route.name, "unrecorded")
+        return problem(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"{lost_answer}, and the store does not answer now ({exc}): nothing was sent "
+            f"to the upstream. The admission may have been recorded as in flight (effect "
+            f"{lost.effect_id}); this proxy keeps settling it as not sent, and until then "
+            "that record stands in the way of a retry with the same Idempotency-Key "
+            "(request_in_progress, or resource_blocked once a sweep finds it past its "
+            f"deadline) and counts as in flight on {lost.resource}",
+            effect_id=lost.effect_id,
+            resource=lost.resource,
+            settled=False,
+        )
+    runtime.metrics.count_request(route.name, "not_sent")
+    if effect is None:
+        return problem(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"{lost_answer}: nothing was sent to the upstream, and the admission was not "
+            "recorded; the operation can be retried",
+            resource=lost.resource,
+            settled=True,
+        )
+    if effect.state is EffectState.NOT_SENT:
+        return problem(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"{lost_answer}: nothing was sent to the upstream; the admission had been "
+            f"recorded (effect {effect.id}) and is now settled NOT_SENT, so the operation "
+            "can be retried",
+            effect_id=effect.id,
+            resource=effect.resource,
+            settled=True,
+            state=effect.state.value,
+        )
+    # Someone else decided first (an operator, a probe, a conflict): their word stands.
+    by = f" (settled by {effect.settled_by})" if effect.settled_by else ""
+    return problem(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"{lost_answer}: nothing was sent to the upstream; the admission had been recorded "
+        f"(effect {effect.id}), which is {effect.state.value}{by}",
+        effect_id=effect.id,
+        resource=effect.resource,
+        settled=effect.state not in BLOCKING,
+        state=effect.state.value,
+    )
+
+
+async def _settle_unsent(runtime: Runtime, lost: AdmissionInDoubt) -> EffectRecord | None:
+    return await runtime.store.settle_unsent(
+        lost.effect_id,
+        lost.resource,
+        f"the store's answer to its admission was lost ({lost}); its request was never sent",
+    )
+
+
+async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
+    pause_s = UNSENT_RETRY_FIRST_S
+    while True:
+        await asyncio.sleep(pause_s)
+        try:
+            effect = await _settle_unsent(runtime, lost)
+        except StoreError as exc:
+            log.warning("%s is not settled yet: %s", lost.effect_id, exc)
+            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
+            continue
+        except Exception:
+            # A bug must not end the settling: the record would wait for the sweep.
+            runtime.metrics.count_background_failure("settle-unsent")
+            log.exception("settling %s failed", lost.effect_id)
+            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
+            continue
+        state = "not recorded" if effect is None else effect.state.value
+        log.info("the effect %s of a lost admission answer is settled: %s", lost.effect_id, state)
+        return
 
 
 # Without a probe, the recovery window stays open until an operator closes it: a worker

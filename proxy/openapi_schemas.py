@@ -177,6 +177,15 @@ _PROBLEM_EXTENSIONS: dict[ErrorCode, dict[str, Any]] = {
         },
         "remaining_s": {"type": "number", "description": "seconds the lease had left"},
     },
+    ErrorCode.STORE_UNAVAILABLE: {
+        "settled": {
+            "type": "boolean",
+            "description": "only when the store's answer to the admission was lost (nothing"
+            " was sent): true once the admission's record, if it was written, is settled"
+            " NOT_SENT (the operation can be retried); false while the proxy is still"
+            " settling it (`effect_id` names it)",
+        },
+    },
 }
 
 

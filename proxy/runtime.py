@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -51,6 +52,21 @@ class Runtime:
     quota_clock: Callable[[], float] = time.monotonic
     # When this process started, on time.monotonic: the status page's uptime.
     started: float = field(default_factory=time.monotonic)
+    # Effects of lost admission answers being settled NOT_SENT while the store does not
+    # answer (proxy/fenced.py), by effect id; cancelled when the app stops.
+    settling: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def settle_in_background(self, work: Coroutine[Any, Any, None], effect_id: str) -> None:
+        task = asyncio.create_task(work, name=f"settle-unsent-{effect_id}")
+        self.settling[effect_id] = task
+        task.add_done_callback(lambda _: self.settling.pop(effect_id, None))
+
+    async def stop_settling(self) -> None:
+        """Cancel what is still being settled: a sweep makes those effects UNKNOWN."""
+        tasks = list(self.settling.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def record_rejection(
         self,

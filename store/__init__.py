@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from policies.model import StorePool
 from policies.store_backends import StoreBackend, store_backend
-from store.base import Connector, StoreError, StoreUnavailable
+from store.base import AdmissionInDoubt, CommitUnknown, Connector, StoreError, StoreUnavailable
 from store.manager import Store
 from store.postgres import PostgresConnector
 from store.postgres import check_server as check_postgres_server
@@ -67,7 +67,9 @@ async def check_server(url: str, pool: StorePool) -> None:
 
 __all__ = [
     "CAME_BACK",
+    "AdmissionInDoubt",
     "Admitted",
+    "CommitUnknown",
     "LeaseEntry",
     "LeaseLives",
     "LeaseView",

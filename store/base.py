@@ -19,6 +19,23 @@ class StoreUnavailable(StoreError):
     """The database did not answer or refused a write (I/O error, lock timeout, gone)."""
 
 
+class CommitUnknown(StoreUnavailable):
+    """A write's COMMIT was sent and no answer came back (the connection broke, the
+    command timed out): the transaction may have committed or not. Only the store can
+    tell, asked again once whatever held the transaction's locks has let them go."""
+
+
+class AdmissionInDoubt(CommitUnknown):
+    """An admission whose COMMIT's answer was lost: effect `effect_id` on `resource` may
+    be recorded DISPATCHING, although nothing was sent. `Store.settle_unsent` finds out,
+    and settles it NOT_SENT if it was."""
+
+    def __init__(self, message: str, effect_id: str, resource: str) -> None:
+        super().__init__(message)
+        self.effect_id = effect_id
+        self.resource = resource
+
+
 class Tx(Protocol):
     """One transaction; every statement is a named query of the backend's SQL file."""
 

@@ -24,7 +24,7 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
-from store.base import Row, StoreError, Tx
+from store.base import AdmissionInDoubt, CommitUnknown, Row, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
 from store.reads import lock_resource
@@ -44,9 +44,17 @@ class Effects(StorePart):
         """Check the token (and, with `clients`, its client's standing: see `renew`) and
         record the effect as DISPATCHING, in one transaction. In the recovery window, a
         key the store does not know is `UnknownKey` unless `key_cleared`."""
-        decided = await self.connector.write(
-            self._admission(token_hash, new, clients, key_cleared), own_clock=True
-        )
+        # Made before the transaction, so that an admission whose COMMIT's answer is lost
+        # names the effect it may have recorded (an attempt the connector repeats after a
+        # serialization failure was rolled back: its id was never stored).
+        effect_id = _new_effect_id()
+        try:
+            decided = await self.connector.write(
+                self._admission(token_hash, new, clients, key_cleared, effect_id),
+                own_clock=True,
+            )
+        except CommitUnknown as exc:
+            raise AdmissionInDoubt(str(exc), effect_id, new.resource) from exc
         if isinstance(decided, _Refused):
             # Counted once the transaction is over: a retried one must not count twice.
             self.refusals.count(decided.rejection)
@@ -56,7 +64,12 @@ class Effects(StorePart):
         return decided
 
     def _admission(
-        self, token_hash: str, new: NewEffect, clients: fencing.Clients, key_cleared: bool
+        self,
+        token_hash: str,
+        new: NewEffect,
+        clients: fencing.Clients,
+        key_cleared: bool,
+        effect_id: str,
     ) -> Callable[[Tx], Coroutine[Any, Any, Admitted | Replay | Refusal | UnknownKey | _Refused]]:
         async def operation(tx: Tx) -> Admitted | Replay | Refusal | UnknownKey | _Refused:
             # One statement reads it all, under the resource's lock (a round trip
@@ -108,7 +121,7 @@ class Effects(StorePart):
             ):
                 return UnknownKey(window)
             effect = EffectRecord(
-                id=_new_effect_id(),
+                id=effect_id,
                 route=new.route,
                 resource=new.resource,
                 holder=lease.holder,
@@ -148,6 +161,28 @@ class Effects(StorePart):
             return Admitted(effect, decision.resends)
 
         return operation
+
+    async def settle_unsent(
+        self, effect_id: str, resource: str, reason: str
+    ) -> EffectRecord | None:
+        """After `AdmissionInDoubt`, when nothing was sent: the effect as it stands once
+        settled NOT_SENT (a NOT_SENT receipt, which frees its key), or None if the
+        admission did not commit. The resource's lock is taken first: the admission held
+        it until its transaction ended, so on PostgreSQL this waits for a COMMIT still
+        on its way to the old connection's backend to land or not, and None is final."""
+
+        async def operation(tx: Tx) -> EffectRecord | None:
+            await lock_resource(tx, resource)
+            row = await tx.one("effect_for_update", id=effect_id)
+            if row is None:
+                return None
+            step = await apply_event(
+                tx, effect_id, Event.NOT_SENT, "dispatch", self.instance_id, reason, row=row
+            )
+            assert step is not None  # the row was read under the lock
+            return step.effect
+
+        return await self.connector.write(operation)
 
     async def finish_effect(
         self,

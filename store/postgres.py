@@ -27,7 +27,7 @@ import asyncpg
 
 from policies.model import StorePool
 from store import history, sqlstate
-from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
+from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
@@ -483,6 +483,7 @@ class PostgresConnector:
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
         for attempt in range(RETRIES):
+            committing = False
             try:
                 async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
                     if not transaction:
@@ -492,17 +493,27 @@ class PostgresConnector:
                     async with conn.transaction(readonly=readonly):
                         if own_clock:
                             tx = PostgresTx(conn, self._queries, math.nan, self._identify)
-                            return await operation(tx)
-                        row = await conn.fetchrow(_NOW)
-                        self._identify(dict(row) if row is not None else {})
-                        assert row is not None
-                        now = float(row["now"])
-                        return await operation(PostgresTx(conn, self._queries, now))
+                            result = await operation(tx)
+                        else:
+                            row = await conn.fetchrow(_NOW)
+                            self._identify(dict(row) if row is not None else {})
+                            assert row is not None
+                            now = float(row["now"])
+                            result = await operation(PostgresTx(conn, self._queries, now))
+                        # Leaving the block sends COMMIT: from here on, a failure that is
+                        # not the server's answer leaves the transaction's fate unknown.
+                        committing = not readonly
+                    return result
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
                 # The schema is gone under the open pool (the database was recreated),
                 # its functions (migration 0013) with it.
                 raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except sqlstate.FAILURES as exc:
+                if committing and sqlstate.unavailable(exc):
+                    raise CommitUnknown(
+                        "PostgreSQL's answer to the COMMIT was lost "
+                        f"({sqlstate.describe(exc)}): it may have committed"
+                    ) from exc
                 if sqlstate.should_retry(exc):
                     if attempt < RETRIES - 1:
                         continue

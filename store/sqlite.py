@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from store.base import Operation, Row, StoreError, StoreUnavailable, T
+from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T
 from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
@@ -115,6 +115,20 @@ def _translated(exc: BaseException, what: str) -> BaseException:
         error.__cause__ = exc
         return error
     return exc
+
+
+# A COMMIT refused for these left its transaction open, and the rollback ends it.
+_COMMIT_REFUSED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_CONSTRAINT})
+
+
+def _commit_in_doubt(exc: BaseException) -> bool:
+    """Whether a COMMIT that raised `exc` may have committed: one that failed writing
+    the log (an I/O error, a full disk) may have left the whole transaction in it,
+    which the next start replays."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is None or code & 0xFF not in _COMMIT_REFUSED
 
 
 async def _roll_back(conn: aiosqlite.Connection) -> None:
@@ -387,7 +401,12 @@ class SQLiteConnector:
         lost = self.lost
         if lost is None:
             outcomes = await self._transaction(writer, "BEGIN IMMEDIATE", operations, "write")
-            if len(operations) > 1 and not all(ok for ok, _ in outcomes):
+            # Not when the COMMIT's fate is unknown: they may have committed already.
+            if (
+                len(operations) > 1
+                and not all(ok for ok, _ in outcomes)
+                and not any(isinstance(value, CommitUnknown) for _, value in outcomes)
+            ):
                 # One failed and took the batch down with it: each again, on its own.
                 outcomes = [
                     (await self._transaction(writer, "BEGIN IMMEDIATE", [operation], "write"))[0]
@@ -405,17 +424,23 @@ class SQLiteConnector:
     ) -> list[Outcome]:
         """Run operations in one transaction: all kept, or all failed and rolled back."""
         results: list[Outcome] = []
+        committing = False
         try:
             await conn.execute(begin)
             for operation in operations:
                 results.append(
                     (True, await operation(SQLiteTx(conn, self._queries, self._clock())))
                 )
+            committing = what == "write"
             await conn.execute("COMMIT")
         except BaseException as exc:  # whatever it is, the file's lock is not kept
             await _roll_back(conn)
             if _being_cancelled(exc):
                 raise
+            if committing and _commit_in_doubt(exc):
+                error = CommitUnknown(f"the COMMIT failed ({exc}): it may have committed")
+                error.__cause__ = exc
+                return [(False, error)] * len(operations)
             return [(False, _translated(exc, what))] * len(operations)
         return results
 

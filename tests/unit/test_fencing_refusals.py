@@ -170,7 +170,9 @@ def test_request_in_progress() -> None:
         decide_admission(request(), current, state(current), existing, NOW, NO_AUTH)
     ) == (
         "request_in_progress",
-        "a request with this Idempotency-Key is being forwarded now",
+        "a request with this Idempotency-Key is in flight: being forwarded, or, after the "
+        "store's answer to its admission was lost, being settled as not sent (ask again: it "
+        "replays, or goes through once settled)",
         {"resource": RESOURCE, "effect_id": "eff-1"},
     )
 

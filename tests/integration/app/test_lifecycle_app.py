@@ -15,7 +15,7 @@ import pytest
 from core.lifecycle import Event
 from proxy.logredact import MALFORMED_LINES
 from proxy.runtime import RUNTIME
-from store import StoreUnavailable
+from store import CommitUnknown, StoreUnavailable
 from tests.integration.app.conftest import (
     PROBE_BY_KEY,
     Fence,
@@ -74,6 +74,21 @@ async def test_a_store_that_refuses_the_admission_is_503_with_retry_after(
     assert answer.headers["Retry-After"] == "1"
     assert "nothing was done" in body["detail"]
     assert await fence.upstream_orders() == 0
+
+
+async def test_a_write_whose_commit_answer_was_lost_is_never_nothing_was_done(
+    fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acquire whose COMMIT was sent and not answered may have granted the lease."""
+
+    async def lost(*args: Any, **kwargs: Any) -> Any:
+        raise CommitUnknown("PostgreSQL's answer to the COMMIT was lost")
+
+    monkeypatch.setattr(fence.store, "acquire", lost)
+    answer = await fence.acquire_response(RESOURCE, "worker-a")
+    body = await assert_problem(answer, 503, "store_unavailable")
+    assert "may or may not have been done" in body["detail"], body
+    assert "nothing was done" not in body["detail"], body
 
 
 async def test_a_receipt_that_cannot_be_recorded_is_never_nothing_was_forwarded(
