@@ -56,8 +56,15 @@ def in_flight_until(admitted_at: float, send_window_s: float, upstream_timeout_s
     return admitted_at + send_window_s + upstream_timeout_s
 
 
-def sent_by(created_at: float, deadline: float, upstream_timeout_s: float) -> float:
+def sent_by(
+    created_at: float, deadline: float, upstream_timeout_s: float, finished_at: float | None
+) -> float:
     """The latest time an effect's request can have been sent: its deadline less the
-    upstream timeout (never before its admission). A probe's settle window counts from
-    here, not from the admission: a request sent late in its window lands late too."""
-    return max(created_at, deadline - upstream_timeout_s)
+    upstream timeout, or, if its own replica recorded a receipt (`finished_at`), that
+    receipt's time, whichever is earlier; never before its admission. A probe's settle
+    window counts from here, not from the admission: a request sent late in its
+    window may land late too."""
+    latest = deadline - upstream_timeout_s
+    if finished_at is not None:
+        latest = min(latest, finished_at)
+    return max(created_at, latest)

@@ -157,7 +157,7 @@ async def probe_effect(
     asked_at = await store.now()
     status, error = await ask_upstream(session, route, effect)
     # The settle window counts from the latest moment the request can have been sent.
-    sent = sent_by(effect.created_at, effect.deadline, route.upstream.timeout_s)
+    sent = sent_by(effect.created_at, effect.deadline, route.upstream.timeout_s, effect.finished_at)
     verdict = judge_probe(status, error, route.reconcile, sent, asked_at)
     retry_at = None
     counted = not verdict.early

@@ -355,7 +355,9 @@ class Replica:
         assert route.reconcile is not None
         effect = claimed.record
         now = await self.store.now()
-        sent = sent_by(effect.created_at, effect.deadline, route.upstream.timeout_s)
+        sent = sent_by(
+            effect.created_at, effect.deadline, route.upstream.timeout_s, effect.finished_at
+        )
         verdict = judge_probe(status, None, route.reconcile, sent, asked_at)
         settles = _SETTLES.get(verdict.conclusion)
         retry_at = None

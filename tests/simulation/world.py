@@ -822,7 +822,12 @@ class World:
                 status,
                 self.now,
                 self.now
-                < sent_by(c.created_at, c.record.deadline, d.route.upstream.timeout_s)
+                < sent_by(
+                    c.created_at,
+                    c.record.deadline,
+                    d.route.upstream.timeout_s,
+                    c.record.finished_at,
+                )
                 + d.route.reconcile.settle_s,
                 lie,
             )

@@ -38,8 +38,11 @@ def test_the_budget_runs_from_its_start_on_its_own_clock() -> None:
 def test_the_stored_deadline_covers_the_window_and_the_timeout() -> None:
     assert in_flight_until(1000.0, 2.0, 10.0) == 1012.0
     # A probe's settle window counts from the latest send, never before the admission.
-    assert sent_by(1000.0, 1012.0, 10.0) == 1002.0
-    assert sent_by(1000.0, 1005.0, 10.0) == 1000.0
+    assert sent_by(1000.0, 1012.0, 10.0, None) == 1002.0
+    assert sent_by(1000.0, 1005.0, 10.0, None) == 1000.0
+    # Its own replica's receipt (a lost answer) came after the send.
+    assert sent_by(1000.0, 1012.0, 10.0, 1000.5) == 1000.5
+    assert sent_by(1000.0, 1012.0, 10.0, 1011.0) == 1002.0
 
 
 @dataclass

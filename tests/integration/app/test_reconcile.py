@@ -201,30 +201,34 @@ async def test_not_found_before_settle_s_does_not_free_the_key(make_fence: Fence
 
 
 async def test_the_settle_window_counts_from_the_latest_send(make_fence: FenceFactory) -> None:
-    """A write may be sent as late as its send window (the test policy's 0.5 s) after
-    its admission, and land as late after that: a "not found" asked settle_s after the
-    admission, but not settle_s after the latest send, proves nothing yet."""
-    fence = await make_fence(reconcile=PROBE_BY_KEY)
-    window_s = fence.policy.upstreams["supplier"].send_window_s
-    assert window_s == 0.5
+    """A write may be sent as late as its send window after its admission, and land as
+    late after that: an effect with no receipt, swept UNKNOWN, is probed, and a "not
+    found" asked settle_s after its admission, but not settle_s after the latest send,
+    proves nothing yet."""
+    settle_s, window_s, timeout_s = 5.0, 3.0, 1.0
+    fence = await make_fence(reconcile=PROBE_BY_KEY.replace("settle_s: 2", f"settle_s: {settle_s}"))
     lease = await fence.acquire(RESOURCE, "worker-a", ttl_s=30)
-    effect_id = await unknown_effect(fence, lease["token"], "k-1", FAIL_503)
-    first = await wait_for_effect(fence, effect_id, "a first probe", probed)
-    assert first["next_probe_at"] >= first["created_at"] + window_s + SETTLE_S
+    replica = open_store(fence.store_url, fence.clock, "replica-2:8080")
+    await replica.open()
+    try:
+        new = new_effect(RESOURCE, "k-1", upstream_timeout_s=timeout_s, send_window_s=window_s)
+        effect_id = await dispatching(replica, lease["token"], new)
+    finally:
+        await replica.close()
 
-    fence.clock.advance(SETTLE_S + window_s / 2)
-    inside = await probe_now(fence, effect_id)
-    answer = await json_body(inside)
-    assert inside.status == 200, answer
-    assert answer["conclusion"] == "inconclusive", answer
-    assert answer["effect"]["state"] == "UNKNOWN"
+    # Past the sweep (deadline + margin) and settle_s after the admission, but not
+    # settle_s after the latest send.
+    fence.clock.advance(window_s + timeout_s + DEADLINE_MARGIN_S + 0.5)
+    early = await wait_for_effect(fence, effect_id, "swept and probed", probed)
+    assert early["state"] == "UNKNOWN", early
+    [probe] = events_of(early, "probe")
+    assert (probe["upstream_status"], probe["conclusion"]) == (404, "inconclusive"), probe
+    assert early["next_probe_at"] >= early["created_at"] + window_s + settle_s
     assert await key_rows(fence, "k-1") == [(effect_id,)]
 
-    fence.clock.advance(window_s)
-    after = await probe_now(fence, effect_id)
-    answer = await json_body(after)
-    assert after.status == 200, answer
-    assert answer["conclusion"] == "not_committed", answer
+    fence.clock.advance(2.0)
+    effect = await wait_for_effect(fence, effect_id, "settled after the window", settled)
+    assert effect["state"] == "NOT_COMMITTED", effect
     assert await key_rows(fence, "k-1") == []
 
 
