@@ -213,9 +213,9 @@ CONFIGURATION: dict[str, Key] = {
     "routes[].reconcile.settle_s": Key(
         'how long after dispatch a "not committed" probe answer is believed, dispatch being '
         "the latest a write may have been sent (its admission plus the upstream's "
-        "`send_window_s`). Never below the upstream's `timeout_s` (refused: a write the "
-        "proxy gave up on may still land); size it as the timeout plus the slowest the "
-        "upstream has been seen to apply a write",
+        "`send_window_s`, or its lost answer's receipt if earlier). Never below the "
+        "upstream's `timeout_s` (refused: a write the proxy gave up on may still land); "
+        "size it as the timeout plus the slowest the upstream has been seen to apply a write",
         "the upstream's `timeout_s`",
     ),
     "routes[].reconcile.attempts": Key(
