@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+import asyncpg
 
 from proxy import failpoints
 from tests.integration.replicas.conftest import (
@@ -166,3 +167,48 @@ async def test_a_replica_paused_after_admission_never_lands_a_retried_key_twice(
             await session.close()
         assert await orders(api, sku) == [(k1, "1")]
         await told_nothing_was_sent(api, b, answer, effect["id"])
+
+
+async def test_the_failpoints_stop_a_replica_where_they_say(pg_url: str, fleet: Fleet) -> None:
+    """`before_send`: connected, nothing written yet; `sent`: the upstream has answered,
+    the receipt is not written yet (the effect is still DISPATCHING)."""
+    fleet.start_upstream()
+    config, port = fleet.write_config("a", pg_url, timeout_s=5.0, send_window_s=5.0)
+    spec = f"{failpoints.BEFORE_SEND}:once,{failpoints.SENT}:once"
+    a = fleet.spawn_proxy("a", config, port, env={failpoints.ENV: spec})
+    fleet.wait_ready(a)
+    sku = "points"
+    async with api_for(fleet) as api:
+        lease = await api.acquire(a, resource_of(sku), "worker-1", ttl_s=60)
+        assert lease.status == 201, lease
+        key = f"k-{uuid.uuid4().hex}"
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        try:
+            headers = {"Fence-Token": lease.body["token"], "Idempotency-Key": key}
+            worker = asyncio.create_task(
+                call(session, "POST", f"{a.url}/orders/{sku}", json_body={}, headers=headers)
+            )
+
+            async def a_stopped() -> bool:
+                return a.process.is_stopped()
+
+            await eventually("A to stop before its send", a_stopped, 15.0)
+            assert (await api.upstream_headers_seen())["last_headers"] == {}
+            assert await orders(api, sku) == []
+            a.process.resume()
+            await eventually("A to stop after the upstream's answer", a_stopped, 15.0)
+            assert await orders(api, sku) == [(key, "1")]
+            # A answers nothing while stopped, so the effect is read from the database.
+            conn = await asyncpg.connect(pg_url)
+            try:
+                state = await conn.fetchval(
+                    "SELECT state FROM effects WHERE idempotency_key = $1", key
+                )
+            finally:
+                await conn.close()
+            assert state == "DISPATCHING"
+            a.process.resume()
+            answer = await worker
+        finally:
+            await session.close()
+        assert answer.status == 201, answer
