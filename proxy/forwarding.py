@@ -93,7 +93,10 @@ class FencedRequest(aiohttp.ClientRequest):
     """A fenced request: `send` runs once the connection is had, before the request's
     first byte is written (aiohttp buffers the head until the body or the end is
     written, both inside `send`), so the send deadline is checked as late as it can be.
-    Refused, nothing is written and aiohttp closes the connection."""
+    Refused, nothing is written and aiohttp closes the connection. `request_class` is
+    ClientSession's documented hook; tests/unit/test_send_deadline.py pins that `send`
+    still runs after the connect and before any byte, so an aiohttp that changes it
+    fails a test, not a write."""
 
     async def send(self, conn: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
         deadline = _SEND_DEADLINE.get()
