@@ -111,6 +111,7 @@ CONFIGURATION: dict[str, Key] = {
     ),
     "upstreams.NAME.send_window_s": Key(
         "seconds after a fenced write's admission within which it may still be sent, "
+        "counted from before the admission (its wait for a store connection included) and "
         "checked on the proxy's own monotonic clock once it has a connection, right "
         "before the first byte; past it nothing is sent (`502 upstream_unreachable`, "
         "effect `NOT_SENT`), so a replica paused after admitting cannot land a write "
