@@ -9,9 +9,13 @@ sees it, and a head over the limits is answered `431 headers_too_large` or
 
 At most `limits.max_connections` connections are open. One more closes the
 connection that has waited longest without a request being handled (an unfinished
-head, or an idle keep-alive connection); if every connection has a request being
-handled, the new one is answered `503 overloaded` and closed. A worker connecting
-during a flood of unfinished heads is then the newest and is served.
+head, or an idle keep-alive connection); failing that, the one that has waited
+longest for the body of a request with no verified credential (no configured
+client's key, no live lease's token: see proxy/requests.py `BodyWait`), answered
+`503 overloaded`; if every connection has a request being handled otherwise, the
+new one is answered `503 overloaded` and closed. A worker connecting during a flood
+of unfinished heads, or of bodies that never come, is then the newest and is
+served, and once its credential is verified its connection is kept.
 
 Everything here is aiohttp's public API (AppRunner, its `server` protocol factory,
 `request.protocol`) and asyncio's: the listener is `loop.create_server` over a
@@ -35,7 +39,7 @@ from core.codes import ErrorCode
 from core.request_heads import ONCE_ONLY_FIELDS, HeadCounter, HeadLimits
 from proxy.metrics import Metrics
 from proxy.problems import problem_document
-from proxy.requests import MAX_HEADER_TOTAL, MAX_TARGET
+from proxy.requests import BODY_WAIT, MAX_HEADER_TOTAL, MAX_TARGET, BodyWait
 
 # The head as sent, line ends and spaces included: the exact checks on what the
 # parser made of it (proxy/requests.py, 8 KiB per value and 32 KiB of names and
@@ -60,6 +64,10 @@ _DETAILS = {
     ),
     ErrorCode.OVERLOADED: "every connection the proxy keeps open has a request being handled",
 }
+SHED_DETAIL = (
+    "the connections are all taken: this one, waiting for the body of a request with no "
+    "verified credential, was closed to make room"
+)
 # After a refusal the client may still be sending: closing at once would reset the
 # connection and could destroy the answer before it is read. Its bytes are read and
 # dropped for this long, or up to this many (a client still sending after that is
@@ -72,10 +80,10 @@ LINGER_BYTES = 256 * 1024
 TRIM_DELAY_S = 1.0
 
 
-def refusal_bytes(code: ErrorCode, head_only: bool = False) -> bytes:
-    """A whole answer, written on the connection before aiohttp has a request for it;
+def refusal_bytes(code: ErrorCode, head_only: bool = False, detail: str | None = None) -> bytes:
+    """A whole answer, written on the connection outside aiohttp's handling of it;
     `head_only` for a HEAD request, whose answer has no content (RFC 9110 §9.3.2)."""
-    body = problem_document(code, _DETAILS[code])
+    body = problem_document(code, detail or _DETAILS[code])
     extra = "Retry-After: 1\r\n" if code is ErrorCode.OVERLOADED else ""
     head = (
         f"HTTP/1.1 {code.status} {HTTPStatus(code.status).phrase}\r\n"
@@ -131,13 +139,13 @@ class GuardedConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.handler.resume_writing()
 
-    def refuse(self, code: ErrorCode) -> None:
+    def refuse(self, code: ErrorCode, detail: str | None = None) -> None:
         """Answer `code` and close, whatever the connection was doing."""
         transport = self.transport
         if self._refused or transport is None or transport.is_closing():
             return
         self._refused = True
-        transport.write(refusal_bytes(code, head_only=self.counter.method == b"HEAD"))
+        transport.write(refusal_bytes(code, self.counter.method == b"HEAD", detail))
         # A connection refused for want of room must give its room back at once.
         if code is not ErrorCode.OVERLOADED and transport.can_write_eof():
             transport.write_eof()
@@ -161,6 +169,9 @@ class ConnectionGuard:
         # Connections with no request being handled, oldest wait first (dicts keep
         # insertion order): a request's end puts its connection last.
         self._waiting: dict[GuardedConnection, None] = {}
+        # Connections whose request waits for its body without a verified credential,
+        # oldest wait first: shed when no idle connection is left to make room.
+        self._body_waits: dict[GuardedConnection, BodyWait] = {}
         self._trim = _MallocTrim()
 
     def protocol_factory(
@@ -170,19 +181,32 @@ class ConnectionGuard:
         return lambda: GuardedConnection(self, handler_factory())
 
     def opened(self, connection: GuardedConnection) -> None:
-        if len(self._open) >= self._max:
-            if self._waiting:
-                oldest = next(iter(self._waiting))
-                self._forget(oldest)
-                oldest.shed()
-                self._metrics.connections_shed.labels("evicted").inc()
-            else:
-                self._metrics.connections_shed.labels("refused").inc()
-                connection.refuse(ErrorCode.OVERLOADED)
-                return
+        if len(self._open) >= self._max and not self._make_room():
+            self._metrics.connections_shed.labels("refused").inc()
+            connection.refuse(ErrorCode.OVERLOADED)
+            return
         self._open[connection.handler] = connection
         self._waiting[connection] = None
         self._metrics.open_connections.set(len(self._open))
+
+    def _make_room(self) -> bool:
+        """Close the idle connection that waited longest, or else the one whose
+        uncredentialed body has been awaited longest; False if there is neither."""
+        if self._waiting:
+            oldest = next(iter(self._waiting))
+            self._forget(oldest)
+            oldest.shed()
+            self._metrics.connections_shed.labels("evicted").inc()
+            return True
+        if self._body_waits:
+            awaited, wait = next(iter(self._body_waits.items()))
+            self._forget(awaited)
+            # Before the close, which ends the body's read: read_body then knows why.
+            wait.shed = True
+            awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL)
+            self._metrics.connections_shed.labels("unverified").inc()
+            return True
+        return False
 
     def closed(self, connection: GuardedConnection) -> None:
         self._forget(connection)
@@ -192,6 +216,7 @@ class ConnectionGuard:
         if self._open.pop(connection.handler, None) is not None:
             self._metrics.open_connections.set(len(self._open))
         self._waiting.pop(connection, None)
+        self._body_waits.pop(connection, None)
 
     def request_started(self, connection: GuardedConnection) -> None:
         self._waiting.pop(connection, None)
@@ -201,6 +226,13 @@ class ConnectionGuard:
             self._waiting.pop(connection, None)
             self._waiting[connection] = None
 
+    def body_wait_began(self, connection: GuardedConnection, wait: BodyWait) -> None:
+        if connection.handler in self._open:
+            self._body_waits[connection] = wait
+
+    def body_wait_ended(self, connection: GuardedConnection) -> None:
+        self._body_waits.pop(connection, None)
+
     def count_refusal(self, code: ErrorCode) -> None:
         self._metrics.count_refusal(code)
 
@@ -208,15 +240,29 @@ class ConnectionGuard:
     async def middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """A connection with a request being handled is never the one evicted."""
+        """A connection with a request being handled is not evicted as idle; it may be
+        shed only while that request waits for its body without a verified credential."""
         connection = self._open.get(request.protocol)
         if connection is None:
             return await handler(request)
+        request[BODY_WAIT] = _GuardedBodyWait(self, connection)
         self.request_started(connection)
         try:
             return await handler(request)
         finally:
             self.request_ended(connection)
+
+
+class _GuardedBodyWait(BodyWait):
+    def __init__(self, guard: ConnectionGuard, connection: GuardedConnection) -> None:
+        self._guard = guard
+        self._connection = connection
+
+    def begin(self) -> None:
+        self._guard.body_wait_began(self._connection, self)
+
+    def end(self) -> None:
+        self._guard.body_wait_ended(self._connection)
 
 
 class _MallocTrim:

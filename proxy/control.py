@@ -22,7 +22,7 @@ from proxy.requests import (
     defer_continue,
     holder_name,
     json_object,
-    refuse_unissued_token_before_inviting,
+    lease_before_body,
     single_header,
     ttl,
 )
@@ -150,7 +150,9 @@ async def _refuse_acquire(
 async def renew(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    await refuse_unissued_token_before_inviting(request, token, runtime.store)
+    # Before any of the body: a made-up token is refused at once, whatever the body
+    # does, and only a live lease's token keeps its connection while the body comes.
+    await lease_before_body(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data, runtime.policy.leases)
     standing = request.config_dict[auth.CREDENTIALS].standing
@@ -165,7 +167,7 @@ async def renew(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    await refuse_unissued_token_before_inviting(request, token, runtime.store)
+    await lease_before_body(request, token, runtime.store)  # as renew does
     await json_object(request, set())
     result = await runtime.store.release(token_hash(token))
     if isinstance(result, Refusal):

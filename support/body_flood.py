@@ -35,6 +35,7 @@ class BodyFloodResult:
     connections: int
     answers: list[bytes] = field(default_factory=list)  # what each connection received
     closed_by_proxy: int = 0
+    ports: set[int] = field(default_factory=set)  # the connections' own
 
     def statuses(self) -> list[int | None]:
         """Each connection's answer status; None: nothing came back."""
@@ -118,6 +119,7 @@ class BodyFlood:
             len(self._flooders),
             [flooder.received for flooder in self._flooders],
             sum(flooder.closed_by_proxy for flooder in self._flooders),
+            {flooder.port for flooder in self._flooders},
         )
 
     def _run(self) -> None:

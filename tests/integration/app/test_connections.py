@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from proxy.connections import HEAD_LIMITS, LINGER_BYTES, ConnectionGuard
+from proxy.connections import HEAD_LIMITS, LINGER_BYTES, SHED_DETAIL, ConnectionGuard
 from proxy.metrics import Metrics
+from proxy.problems import ProblemError
+from proxy.requests import CREDENTIAL_VERIFIED, read_body
 
 WITHIN_S = 5.0
 
@@ -26,6 +28,7 @@ class Listener:
     metrics: Metrics
     handled: list[str]
     release: asyncio.Event  # /block waits for it
+    refusals: list[str]  # the codes read_body refused with on /body and /credentialed
 
 
 async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner, asyncio.Server]:
@@ -42,10 +45,26 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
         await release.wait()
         return web.Response(text="released")
 
+    refusals: list[str] = []
+
+    async def body(request: web.Request) -> web.Response:
+        """The proxy's own body read; /credentialed as after a verified credential."""
+        handled.append(request.path)
+        if request.path == "/credentialed":
+            request[CREDENTIAL_VERIFIED] = True
+        try:
+            data = await read_body(request, 1024)
+        except ProblemError as exc:
+            refusals.append(exc.code)
+            return exc.response()
+        return web.Response(text=f"{request.path} {len(data)}")
+
     metrics = Metrics()
     guard = ConnectionGuard(max_connections, metrics)
     app = web.Application(middlewares=[guard.middleware])
     app.router.add_route("*", "/block", block)
+    app.router.add_post("/body", body)
+    app.router.add_post("/credentialed", body)
     app.router.add_route("*", "/{tail:.*}", echo)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -54,7 +73,7 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
         guard.protocol_factory(runner.server), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
-    return Listener(port, guard, metrics, handled, release), runner, server
+    return Listener(port, guard, metrics, handled, release, refusals), runner, server
 
 
 @contextlib.asynccontextmanager
@@ -251,3 +270,73 @@ async def test_when_every_connection_has_a_request_being_handled_a_new_one_gets_
         assert await answer(busy_reader) == (200, b"released")
         busy_writer.close()
         writer.close()
+
+
+# --- bodies awaited without a verified credential --------------------------------------
+
+PENDING_BODY = b"Host: p\r\nContent-Length: 10\r\n\r\n{"  # 10 bytes promised, 1 sent
+
+
+async def test_past_the_cap_an_uncredentialed_body_wait_is_shed_and_a_verified_one_kept() -> None:
+    async with listening(max_connections=2) as listener:
+        anonymous_reader, anonymous_writer = await connect(listener)
+        anonymous_writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the anonymous body wait")
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: len(listener.handled) == 2, "the verified body wait")
+        reader, writer = await connect(listener)
+        writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(reader) == (200, b"/served 0")
+        status, body = await answer(anonymous_reader)
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert json.loads(body)["detail"] == SHED_DETAIL
+        assert await closed_by_server(anonymous_reader) == b""
+        # read_body learns why its connection went: counted as shed, not as a failure.
+        await until(lambda: listener.refusals == ["overloaded"], "the shed body read")
+        assert shed(listener.metrics, "unverified") == 1
+        assert shed(listener.metrics, "evicted") == 0
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        for stream_writer in (anonymous_writer, verified_writer, writer):
+            stream_writer.close()
+
+
+async def test_idle_connections_are_evicted_before_an_uncredentialed_body_wait() -> None:
+    async with listening(max_connections=2) as listener:
+        waiting_reader, waiting_writer = await connect(listener)
+        waiting_writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the body wait")
+        idle_reader, idle_writer = await connect(listener)
+        await until(lambda: open_connections(listener.metrics) == 2, "2 connections open")
+        _, writer = await connect(listener)
+        assert await closed_by_server(idle_reader) == b""
+        assert shed(listener.metrics, "unverified") == 0
+        waiting_writer.write(b"123456789")
+        assert await answer(waiting_reader) == (200, b"/body 10")
+        for stream_writer in (waiting_writer, idle_writer, writer):
+            stream_writer.close()
+
+
+async def test_when_every_body_wait_is_credentialed_a_new_connection_gets_503() -> None:
+    async with listening(max_connections=1) as listener:
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/credentialed"], "the verified body wait")
+        reader, writer = await connect(listener)
+        status, body = await answer(reader)
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert shed(listener.metrics, "refused") == 1
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        verified_writer.close()
+        writer.close()
+
+
+async def test_a_client_gone_before_its_body_is_a_refusal_not_a_failure() -> None:
+    async with listening() as listener:
+        _, writer = await connect(listener)
+        writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the body wait")
+        writer.close()
+        await until(lambda: listener.refusals == ["invalid_request"], "the cut body read")
