@@ -17,6 +17,11 @@ new one is answered `503 overloaded` and closed. A worker connecting during a fl
 of unfinished heads, or of bodies that never come, is then the newest and is
 served, and once its credential is verified its connection is kept.
 
+Requests with no verified credential waiting for their body are also capped on
+their own (`limits.max_unverified_bodies`, a quarter of `max_requests` by default):
+one more sheds the one waiting longest in the same way, so that however many of
+them come, they hold no more than that of the requests that `max_requests` counts.
+
 Everything here is aiohttp's public API (AppRunner, its `server` protocol factory,
 `request.protocol`) and asyncio's: the listener is `loop.create_server` over a
 factory that wraps aiohttp's, which is how TCPSite builds it too.
@@ -65,8 +70,9 @@ _DETAILS = {
     ErrorCode.OVERLOADED: "every connection the proxy keeps open has a request being handled",
 }
 SHED_DETAIL = (
-    "the connections are all taken: this one, waiting for the body of a request with no "
-    "verified credential, was closed to make room"
+    "the proxy needed the room: this connection, waiting for the body of a request with "
+    "no verified credential, was the one waiting longest (limits.max_connections, "
+    "limits.max_unverified_bodies)"
 )
 # After a refusal the client may still be sending: closing at once would reset the
 # connection and could destroy the answer before it is read. Its bytes are read and
@@ -162,8 +168,12 @@ class GuardedConnection(asyncio.Protocol):
 class ConnectionGuard:
     """Open connections in the order they began waiting for a request head."""
 
-    def __init__(self, max_connections: int, metrics: Metrics) -> None:
+    def __init__(
+        self, max_connections: int, metrics: Metrics, max_unverified_bodies: int | None = None
+    ) -> None:
         self._max = max_connections
+        # None: no limit but max_connections (a guard built for a test).
+        self._max_body_waits = max_unverified_bodies
         self._metrics = metrics
         self._open: dict[asyncio.Protocol, GuardedConnection] = {}  # by aiohttp's handler
         # Connections with no request being handled, oldest wait first (dicts keep
@@ -199,14 +209,17 @@ class ConnectionGuard:
             self._metrics.connections_shed.labels("evicted").inc()
             return True
         if self._body_waits:
-            awaited, wait = next(iter(self._body_waits.items()))
-            self._forget(awaited)
-            # Before the close, which ends the body's read: read_body then knows why.
-            wait.shed = True
-            awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL)
-            self._metrics.connections_shed.labels("unverified").inc()
+            self._shed_oldest_body_wait()
             return True
         return False
+
+    def _shed_oldest_body_wait(self) -> None:
+        awaited, wait = next(iter(self._body_waits.items()))
+        self._forget(awaited)
+        # Before the close, which ends the body's read: read_body then knows why.
+        wait.shed = True
+        awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL)
+        self._metrics.connections_shed.labels("unverified").inc()
 
     def closed(self, connection: GuardedConnection) -> None:
         self._forget(connection)
@@ -227,8 +240,13 @@ class ConnectionGuard:
             self._waiting[connection] = None
 
     def body_wait_began(self, connection: GuardedConnection, wait: BodyWait) -> None:
-        if connection.handler in self._open:
-            self._body_waits[connection] = wait
+        if connection.handler not in self._open:
+            return
+        # However many come, such waits hold at most this many connections (and
+        # requests of max_requests): the one waiting longest makes room.
+        if self._max_body_waits is not None and len(self._body_waits) >= self._max_body_waits:
+            self._shed_oldest_body_wait()
+        self._body_waits[connection] = wait
 
     def body_wait_ended(self, connection: GuardedConnection) -> None:
         self._body_waits.pop(connection, None)
@@ -298,6 +316,7 @@ async def serve(
     ssl_context: ssl.SSLContext | None,
     grace_s: float,
     max_connections: int,
+    max_unverified_bodies: int | None,
     metrics: Metrics,
     server_options: dict[str, Any],
     on_listening: Callable[[], None],
@@ -305,7 +324,7 @@ async def serve(
     """Serve `app` until SIGTERM or SIGINT, then stop as aiohttp's run_app does:
     close the listener, wait up to `grace_s` for requests in flight, run the cleanups.
     `on_listening` runs once the app started (its store open) and the port listens."""
-    guard = ConnectionGuard(max_connections, metrics)
+    guard = ConnectionGuard(max_connections, metrics, max_unverified_bodies)
     # First: requests refused by the other middlewares also end and free their connection.
     app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace_s, **server_options)

@@ -203,17 +203,16 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             limit_s=timeout_s,
         ) from None
     except ConnectionError:
-        # Its connection is gone; nobody reads this answer, but the refusal is counted
-        # for what it is, rather than logged as the proxy's failure (a 500).
+        # Its connection is gone; nobody reads this answer (aiohttp drops it quietly),
+        # but the refusal is counted for what it is, not logged as a failure (a 500).
         if wait is not None and wait.shed:
             raise ProblemError(
                 ErrorCode.OVERLOADED,
-                "the connections are all taken: this one, waiting for the body of a "
-                "request with no verified credential, was closed to make room",
-                close=True,
+                "the proxy needed the room: this connection, waiting for the body of a "
+                "request with no verified credential, was the one waiting longest",
             ) from None
         raise ProblemError(
-            ErrorCode.INVALID_REQUEST, "the connection closed before the body arrived", close=True
+            ErrorCode.INVALID_REQUEST, "the connection closed before the body arrived"
         ) from None
     finally:
         if wait is not None:

@@ -31,7 +31,9 @@ class Listener:
     refusals: list[str]  # the codes read_body refused with on /body and /credentialed
 
 
-async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner, asyncio.Server]:
+async def start_listener(
+    max_connections: int, max_unverified_bodies: int | None = None
+) -> tuple[Listener, web.AppRunner, asyncio.Server]:
     handled: list[str] = []
     release = asyncio.Event()
 
@@ -60,7 +62,7 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
         return web.Response(text=f"{request.path} {len(data)}")
 
     metrics = Metrics()
-    guard = ConnectionGuard(max_connections, metrics)
+    guard = ConnectionGuard(max_connections, metrics, max_unverified_bodies)
     app = web.Application(middlewares=[guard.middleware])
     app.router.add_route("*", "/block", block)
     app.router.add_post("/body", body)
@@ -77,8 +79,10 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
 
 
 @contextlib.asynccontextmanager
-async def listening(max_connections: int = 100) -> AsyncIterator[Listener]:
-    started, runner, server = await start_listener(max_connections)
+async def listening(
+    max_connections: int = 100, max_unverified_bodies: int | None = None
+) -> AsyncIterator[Listener]:
+    started, runner, server = await start_listener(max_connections, max_unverified_bodies)
     try:
         yield started
     finally:
@@ -331,6 +335,35 @@ async def test_when_every_body_wait_is_credentialed_a_new_connection_gets_503() 
         assert await answer(verified_reader) == (200, b"/credentialed 10")
         verified_writer.close()
         writer.close()
+
+
+async def handled(listener: Listener, count: int) -> None:
+    await until(lambda: len(listener.handled) == count, f"{count} requests handled")
+
+
+async def test_past_max_unverified_bodies_the_one_waiting_longest_is_shed() -> None:
+    """Far below max_connections: the cap of their own holds however many come, and a
+    verified body wait is not counted."""
+    async with listening(max_unverified_bodies=2) as listener:
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/credentialed"], "the verified body wait")
+        anonymous = []
+        for number in range(3):
+            reader, writer = await connect(listener)
+            writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+            anonymous.append((reader, writer))
+            await handled(listener, 2 + number)
+        status, body = await answer(anonymous[0][0])
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert shed(listener.metrics, "unverified") == 1
+        for reader, writer in anonymous[1:]:
+            writer.write(b"123456789")
+            assert await answer(reader) == (200, b"/body 10")
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        for stream_writer in (verified_writer, *(writer for _, writer in anonymous)):
+            stream_writer.close()
 
 
 async def test_a_client_gone_before_its_body_is_a_refusal_not_a_failure() -> None:

@@ -104,7 +104,11 @@ def floods() -> Iterator[list[BodyFlood]]:
 
 
 def worker_is_served_during(
-    stack: Stack, floods: list[BodyFlood], head: Callable[[int], bytes], keyed: bool
+    stack: Stack,
+    floods: list[BodyFlood],
+    head: Callable[[int], bytes],
+    keyed: bool,
+    connections: int = FLOOD,
 ) -> BodyFloodResult:
     """Start the flood, then the worker's renew, acquire and fenced write, and the
     operator's /readyz: each must succeed, all within the lease taken before the flood."""
@@ -112,7 +116,7 @@ def worker_is_served_during(
     taken = worker.acquire("supplier:held")
     assert taken.status == 201, taken
     token = taken.body["token"]
-    flood = BodyFlood("127.0.0.1", stack.proxy_port, FLOOD, head)
+    flood = BodyFlood("127.0.0.1", stack.proxy_port, connections, head)
     floods.append(flood)
     started = time.monotonic()
     flood.start()
@@ -196,3 +200,23 @@ def test_fenced_writes_with_made_up_tokens_are_refused_before_their_body(
 ) -> None:
     result = worker_is_served_during(stack, floods, made_up_fenced_write, keyed=True)
     assert answered(result) == [403] * FLOOD, sorted(set(result.statuses()), key=str)
+
+
+def pass_through_read(number: int) -> bytes:
+    return request_head("GET", f"/orders/flood-{number}", {})
+
+
+@AUTH_STACK
+def test_pass_through_bodies_that_never_come_cannot_take_the_workers_requests(
+    stack: Stack, floods: list[BodyFlood]
+) -> None:
+    """Below max_connections (nothing to evict for room) and above max_requests: a
+    pass-through route takes anyone's request, and read the body of each."""
+    limits = Limits()
+    connections = (limits.max_requests + limits.max_connections) // 2
+    result = worker_is_served_during(
+        stack, floods, pass_through_read, keyed=True, connections=connections
+    )
+    assert set(answered(result)) == {503}, sorted(set(result.statuses()), key=str)
+    # Shed, oldest first, as the next came: at most the cap were still waiting.
+    assert result.closed_by_proxy >= connections - limits.unverified_bodies
