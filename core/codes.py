@@ -219,8 +219,9 @@ _PROBLEMS = {
         503,
         "Proxy overloaded",
         "`limits.max_requests` proxied requests are being handled, or the connection was "
-        "the one waiting longest for the body of a request with no verified credential "
-        "and its room was needed (`limits.max_connections`, `limits.max_unverified_bodies`); "
+        "the one waiting longest on a request with no verified credential (for its "
+        "token's lookup or its body) and its room was needed (`limits.max_connections`, "
+        "`limits.max_unverified_waits`); "
         "nothing was recorded or forwarded (`Retry-After` set, the connection is closed)",
     ),
     ErrorCode.RECOVERY_WINDOW: _Problem(

@@ -30,7 +30,7 @@ def parse_leases(root: Mapping, problems: Problems) -> LeaseBounds:
 
 def parse_limits(root: Mapping, problems: Problems) -> Limits:
     """`limits: {header_timeout_s, body_timeout_s, max_requests, max_connections,
-    max_unverified_bodies}`."""
+    max_unverified_waits}`."""
     default = Limits()
     node = root.child("limits")
     if node is None:
@@ -43,7 +43,7 @@ def parse_limits(root: Mapping, problems: Problems) -> Limits:
             "body_timeout_s",
             "max_requests",
             "max_connections",
-            "max_unverified_bodies",
+            "max_unverified_waits",
         },
     )
     if not block.valid:
@@ -55,10 +55,10 @@ def parse_limits(root: Mapping, problems: Problems) -> Limits:
         "max_connections", default=default.max_connections, minimum=1, integer=True
     )
     most = most if isinstance(most, int) else default.max_requests
-    unverified = block.number("max_unverified_bodies", default=None, minimum=1, integer=True)
+    unverified = block.number("max_unverified_waits", default=None, minimum=1, integer=True)
     if isinstance(unverified, int) and unverified >= most:
         problems.add(
-            block.children["max_unverified_bodies"],
+            block.children["max_unverified_waits"],
             f"must be below max_requests ({most}): requests without a credential "
             "could otherwise take every one a worker with a credential needs",
         )

@@ -8,19 +8,20 @@ sees it, and a head over the limits is answered `431 headers_too_large` or
 `414 uri_too_long` (problem+json) and the connection closed, having held a few KiB.
 
 At most `limits.max_connections` connections are open. One more closes the
-connection that has waited longest without a request being handled (an unfinished
-head, or an idle keep-alive connection); failing that, the one that has waited
-longest for the body of a request with no verified credential (no configured
-client's key, no live lease's token: see proxy/requests.py `BodyWait`), answered
-`503 overloaded`; if every connection has a request being handled otherwise, the
-new one is answered `503 overloaded` and closed. A worker connecting during a flood
-of unfinished heads, or of bodies that never come, is then the newest and is
-served, and once its credential is verified its connection is kept.
+connection that has waited longest, either without a request being handled (an
+unfinished head, or an idle keep-alive connection) or on a request with no
+verified credential (no configured client's key, no live lease's token) that has
+done nothing yet: waiting for its token's lookup or its body (proxy/requests.py
+`UnverifiedWait`; that one is answered `503 overloaded`). If every connection has
+a request being handled otherwise, the new one is answered `503 overloaded` and
+closed. A worker connecting during a flood of unfinished heads, or of bodies that
+never come, is then the newest and is served, and once its credential is
+verified its connection is kept.
 
-Requests with no verified credential waiting for their body are also capped on
-their own (`limits.max_unverified_bodies`, a quarter of `max_requests` by default):
-one more sheds the one waiting longest in the same way, so that however many of
-them come, they hold no more than that of the requests that `max_requests` counts.
+Such unverified waits are also capped on their own (`limits.max_unverified_waits`,
+a quarter of `max_requests` by default): one more sheds the one waiting longest in
+the same way, so that however many of them come, they hold no more than that of
+the requests that `max_requests` counts.
 
 Everything here is aiohttp's public API (AppRunner, its `server` protocol factory,
 `request.protocol`) and asyncio's: the listener is `loop.create_server` over a
@@ -44,7 +45,13 @@ from core.codes import ErrorCode
 from core.request_heads import ONCE_ONLY_FIELDS, HeadCounter, HeadLimits
 from proxy.metrics import Metrics
 from proxy.problems import problem_document
-from proxy.requests import BODY_WAIT, MAX_HEADER_TOTAL, MAX_TARGET, BodyWait
+from proxy.requests import (
+    MAX_HEADER_TOTAL,
+    MAX_TARGET,
+    SHED_DETAIL,
+    UNVERIFIED_WAIT,
+    UnverifiedWait,
+)
 
 # The head as sent, line ends and spaces included: the exact checks on what the
 # parser made of it (proxy/requests.py, 8 KiB per value and 32 KiB of names and
@@ -69,11 +76,6 @@ _DETAILS = {
     ),
     ErrorCode.OVERLOADED: "every connection the proxy keeps open has a request being handled",
 }
-SHED_DETAIL = (
-    "the proxy needed the room: this connection, waiting for the body of a request with "
-    "no verified credential, was the one waiting longest (limits.max_connections, "
-    "limits.max_unverified_bodies)"
-)
 # After a refusal the client may still be sending: closing at once would reset the
 # connection and could destroy the answer before it is read. Its bytes are read and
 # dropped for this long, or up to this many (a client still sending after that is
@@ -169,19 +171,21 @@ class ConnectionGuard:
     """Open connections in the order they began waiting for a request head."""
 
     def __init__(
-        self, max_connections: int, metrics: Metrics, max_unverified_bodies: int | None = None
+        self, max_connections: int, metrics: Metrics, max_unverified_waits: int | None = None
     ) -> None:
         self._max = max_connections
         # None: no limit but max_connections (a guard built for a test).
-        self._max_body_waits = max_unverified_bodies
+        self._max_unverified_waits = max_unverified_waits
         self._metrics = metrics
         self._open: dict[asyncio.Protocol, GuardedConnection] = {}  # by aiohttp's handler
         # Connections with no request being handled, oldest wait first (dicts keep
-        # insertion order): a request's end puts its connection last.
-        self._waiting: dict[GuardedConnection, None] = {}
+        # insertion order): a request's end puts its connection last. Each with the
+        # number its wait began with, to compare with `_unverified_waits`.
+        self._waiting: dict[GuardedConnection, int] = {}
         # Connections whose request waits for its body without a verified credential,
-        # oldest wait first: shed when no idle connection is left to make room.
-        self._body_waits: dict[GuardedConnection, BodyWait] = {}
+        # oldest wait first, numbered from the same count.
+        self._unverified_waits: dict[GuardedConnection, tuple[int, UnverifiedWait]] = {}
+        self._waits_begun = 0
         self._trim = _MallocTrim()
 
     def protocol_factory(
@@ -196,29 +200,37 @@ class ConnectionGuard:
             connection.refuse(ErrorCode.OVERLOADED)
             return
         self._open[connection.handler] = connection
-        self._waiting[connection] = None
+        self._waiting[connection] = self._next_wait()
         self._metrics.open_connections.set(len(self._open))
 
+    def _next_wait(self) -> int:
+        self._waits_begun += 1
+        return self._waits_begun
+
     def _make_room(self) -> bool:
-        """Close the idle connection that waited longest, or else the one whose
-        uncredentialed body has been awaited longest; False if there is neither."""
-        if self._waiting:
-            oldest = next(iter(self._waiting))
-            self._forget(oldest)
-            oldest.shed()
+        """Close the connection that has waited longest, idle or for a body with no
+        verified credential; False if there is none. Idle ones are not preferred: a
+        worker's new connection is idle until its head is read, and during a flood of
+        bodies it would be the only one."""
+        oldest_idle = next(iter(self._waiting.items()), None)
+        oldest_body = next(iter(self._unverified_waits.values()), None)
+        if oldest_idle is not None and (oldest_body is None or oldest_idle[1] < oldest_body[0]):
+            connection = oldest_idle[0]
+            self._forget(connection)
+            connection.shed()
             self._metrics.connections_shed.labels("evicted").inc()
             return True
-        if self._body_waits:
-            self._shed_oldest_body_wait()
+        if oldest_body is not None:
+            self._shed_oldest_unverified_wait()
             return True
         return False
 
-    def _shed_oldest_body_wait(self) -> None:
-        awaited, wait = next(iter(self._body_waits.items()))
+    def _shed_oldest_unverified_wait(self) -> None:
+        awaited, (_, wait) = next(iter(self._unverified_waits.items()))
         self._forget(awaited)
         # Before the close, which ends the body's read: read_body then knows why.
         wait.shed = True
-        awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL)
+        awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=wait.waiting_for))
         self._metrics.connections_shed.labels("unverified").inc()
 
     def closed(self, connection: GuardedConnection) -> None:
@@ -229,7 +241,7 @@ class ConnectionGuard:
         if self._open.pop(connection.handler, None) is not None:
             self._metrics.open_connections.set(len(self._open))
         self._waiting.pop(connection, None)
-        self._body_waits.pop(connection, None)
+        self._unverified_waits.pop(connection, None)
 
     def request_started(self, connection: GuardedConnection) -> None:
         self._waiting.pop(connection, None)
@@ -237,19 +249,22 @@ class ConnectionGuard:
     def request_ended(self, connection: GuardedConnection) -> None:
         if connection.handler in self._open:
             self._waiting.pop(connection, None)
-            self._waiting[connection] = None
+            self._waiting[connection] = self._next_wait()
 
-    def body_wait_began(self, connection: GuardedConnection, wait: BodyWait) -> None:
+    def unverified_wait_began(self, connection: GuardedConnection, wait: UnverifiedWait) -> None:
         if connection.handler not in self._open:
             return
         # However many come, such waits hold at most this many connections (and
         # requests of max_requests): the one waiting longest makes room.
-        if self._max_body_waits is not None and len(self._body_waits) >= self._max_body_waits:
-            self._shed_oldest_body_wait()
-        self._body_waits[connection] = wait
+        if (
+            self._max_unverified_waits is not None
+            and len(self._unverified_waits) >= self._max_unverified_waits
+        ):
+            self._shed_oldest_unverified_wait()
+        self._unverified_waits[connection] = (self._next_wait(), wait)
 
-    def body_wait_ended(self, connection: GuardedConnection) -> None:
-        self._body_waits.pop(connection, None)
+    def unverified_wait_ended(self, connection: GuardedConnection) -> None:
+        self._unverified_waits.pop(connection, None)
 
     def count_refusal(self, code: ErrorCode) -> None:
         self._metrics.count_refusal(code)
@@ -263,7 +278,7 @@ class ConnectionGuard:
         connection = self._open.get(request.protocol)
         if connection is None:
             return await handler(request)
-        request[BODY_WAIT] = _GuardedBodyWait(self, connection)
+        request[UNVERIFIED_WAIT] = _GuardedWait(self, connection)
         self.request_started(connection)
         try:
             return await handler(request)
@@ -271,16 +286,16 @@ class ConnectionGuard:
             self.request_ended(connection)
 
 
-class _GuardedBodyWait(BodyWait):
+class _GuardedWait(UnverifiedWait):
     def __init__(self, guard: ConnectionGuard, connection: GuardedConnection) -> None:
         self._guard = guard
         self._connection = connection
 
     def begin(self) -> None:
-        self._guard.body_wait_began(self._connection, self)
+        self._guard.unverified_wait_began(self._connection, self)
 
     def end(self) -> None:
-        self._guard.body_wait_ended(self._connection)
+        self._guard.unverified_wait_ended(self._connection)
 
 
 class _MallocTrim:
@@ -316,7 +331,7 @@ async def serve(
     ssl_context: ssl.SSLContext | None,
     grace_s: float,
     max_connections: int,
-    max_unverified_bodies: int | None,
+    max_unverified_waits: int | None,
     metrics: Metrics,
     server_options: dict[str, Any],
     on_listening: Callable[[], None],
@@ -324,7 +339,7 @@ async def serve(
     """Serve `app` until SIGTERM or SIGINT, then stop as aiohttp's run_app does:
     close the listener, wait up to `grace_s` for requests in flight, run the cleanups.
     `on_listening` runs once the app started (its store open) and the port listens."""
-    guard = ConnectionGuard(max_connections, metrics, max_unverified_bodies)
+    guard = ConnectionGuard(max_connections, metrics, max_unverified_waits)
     # First: requests refused by the other middlewares also end and free their connection.
     app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace_s, **server_options)

@@ -137,7 +137,7 @@ class Metrics:
             "fenceproxy_connections_shed",
             "Client connections closed to stay within limits.max_connections, by how "
             "(evicted: the one waiting longest for a request head; unverified: the one "
-            "waiting longest for the body of a request with no verified credential; "
+            "waiting longest on a request with no verified credential; "
             "refused: a new one)",
             ["how"],
             registry=self.registry,

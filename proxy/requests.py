@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -129,8 +131,10 @@ async def lease_before_body(request: web.Request, token: str, store: Store) -> L
     never issued here, 403 invalid_token; live, the request's credential is verified
     (its connection is then kept while its body comes). A token whose lease ended or
     expired is no credential: its request goes on, to be refused by the store, but
-    its connection may be shed while its body is awaited (proxy/connections.py)."""
-    lease = await store.lease_of_token(token_hash(token))
+    its connection may be shed while its body is awaited (proxy/connections.py), as
+    while the lookup itself is awaited: nothing has been done yet."""
+    async with _unverified_wait(request, "its token's lookup"):
+        lease = await store.lease_of_token(token_hash(token))
     if lease is None:
         raise ProblemError(
             ErrorCode.INVALID_TOKEN,
@@ -150,26 +154,59 @@ def body_pending(request: web.Request) -> bool:
     return request.body_exists and not request.content.is_eof()
 
 
-class BodyWait:
-    """A request's part in the connection guard (proxy/connections.py): while the proxy
-    waits for the body of a request with no verified credential, the guard may shed
-    its connection, answering 503 overloaded, to make room for another. `begin` and
-    `end` bracket that wait; the guard sets `shed` when it took the connection."""
+class UnverifiedWait:
+    """A request's part in the connection guard (proxy/connections.py): while a
+    request with no verified credential waits, having done nothing yet (for its
+    token's lookup, for its body), the guard may shed its connection, answering 503
+    overloaded, to make room for another. `begin` and `end` bracket such a wait; the
+    guard sets `shed` when it took the connection, and the request then goes no
+    further."""
 
     shed = False
+    waiting_for = ""  # what the wait is for, said in the answer if it is shed
 
     def begin(self) -> None:
-        """The body is awaited from now on."""
+        """The request waits from now on."""
 
     def end(self) -> None:
-        """The wait is over: the body came, or its read failed."""
+        """The wait is over."""
 
 
 # Set by the connection guard on each request it serves (absent on a bare application).
-BODY_WAIT = web.RequestKey("body_wait", BodyWait)
+UNVERIFIED_WAIT = web.RequestKey("unverified_wait", UnverifiedWait)
 # Set once the request's credential is verified: a configured client's key or
 # certificate (proxy/auth.py `require`), or a live lease's token (`lease_before_body`).
 CREDENTIAL_VERIFIED = web.RequestKey("credential_verified", bool)
+SHED_DETAIL = (
+    "the proxy needed the room: this connection, waiting (for {what}) on a request with "
+    "no verified credential, was the one waiting longest (limits.max_connections, "
+    "limits.max_unverified_waits)"
+)
+
+
+@contextlib.asynccontextmanager
+async def _unverified_wait(request: web.Request, what: str) -> AsyncIterator[None]:
+    """A wait the guard may cut short, unless the request's credential is verified:
+    a shed one ends in 503 overloaded, and one whose client went in 400 (nobody reads
+    either; each is counted for what it is, not logged as the proxy's failure)."""
+    wait = None if request.get(CREDENTIAL_VERIFIED) else request.get(UNVERIFIED_WAIT)
+    if wait is not None:
+        wait.waiting_for = what
+        wait.begin()
+    try:
+        yield
+    except ConnectionError:
+        if wait is not None and wait.shed:
+            raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what)) from None
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, f"the connection closed during the wait for {what}"
+        ) from None
+    finally:
+        if wait is not None:
+            wait.end()
+    if wait is not None and wait.shed:
+        # Shed while the wait ended by itself: its answer is gone, so nothing more.
+        raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what))
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -177,7 +214,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     body has taken longer than the body timeout: a client that promises bytes and
     never sends them would otherwise hold its connection (and handler) forever.
     Without a verified credential the wait may also end by the guard shedding the
-    connection for room (`BodyWait`)."""
+    connection for room (`UnverifiedWait`)."""
     declared = request.content_length
     if declared is not None and declared > limit:
         # Refused before reading a byte of it (and before inviting it, below).
@@ -188,12 +225,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         )
     if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if not body_pending(request):
+        return await _read_body(request, limit)
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
-    wait = None if request.get(CREDENTIAL_VERIFIED) else request.get(BODY_WAIT)
-    if wait is not None and body_pending(request):
-        wait.begin()
     try:
-        async with asyncio.timeout(timeout_s):
+        async with _unverified_wait(request, "its body"), asyncio.timeout(timeout_s):
             return await _read_body(request, limit)
     except TimeoutError:
         raise ProblemError(
@@ -202,21 +238,6 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             close=True,
             limit_s=timeout_s,
         ) from None
-    except ConnectionError:
-        # Its connection is gone; nobody reads this answer (aiohttp drops it quietly),
-        # but the refusal is counted for what it is, not logged as a failure (a 500).
-        if wait is not None and wait.shed:
-            raise ProblemError(
-                ErrorCode.OVERLOADED,
-                "the proxy needed the room: this connection, waiting for the body of a "
-                "request with no verified credential, was the one waiting longest",
-            ) from None
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, "the connection closed before the body arrived"
-        ) from None
-    finally:
-        if wait is not None:
-            wait.end()
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -83,7 +83,11 @@ class BodyFlood:
     then reads what the proxy answers until `stop()`."""
 
     def __init__(
-        self, host: str, port: int, connections: int, head: Callable[[int], bytes]
+        self,
+        host: str,
+        port: int,
+        connections: int,
+        head: Callable[[int], bytes],
     ) -> None:
         self._address = (host, port)
         self._connections = connections
@@ -94,14 +98,20 @@ class BodyFlood:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        for number in range(self._connections):
-            sock = socket.create_connection(self._address, timeout=5)
-            # Closed by the proxy already (refused): the reader sees it.
-            with contextlib.suppress(OSError):
-                sock.sendall(self._head(number))
-            sock.setblocking(False)
-            self._flooders.append(_Flooder(sock, sock.getsockname()[1]))
+        for _ in range(self._connections):
+            self._open()
         self._thread.start()
+
+    def _open(self) -> _Flooder:
+        sock = socket.create_connection(self._address, timeout=5)
+        # Closed by the proxy already (refused): the reader sees it.
+        with contextlib.suppress(OSError):
+            sock.sendall(self._head(len(self._flooders)))
+        sock.setblocking(False)
+        flooder = _Flooder(sock, sock.getsockname()[1])
+        with self._lock:
+            self._flooders.append(flooder)
+        return flooder
 
     def taken_in(self, pid: int) -> bool:
         """Whether process `pid` (the proxy) has either closed or accepted every
@@ -137,8 +147,8 @@ class BodyFlood:
                     data = b""
                 if data:
                     flooder.received += data
-                else:
-                    selector.unregister(flooder.sock)
-                    with self._lock:
-                        flooder.closed_by_proxy = True
+                    continue
+                selector.unregister(flooder.sock)
+                with self._lock:
+                    flooder.closed_by_proxy = True
         selector.close()

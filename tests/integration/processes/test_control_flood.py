@@ -89,7 +89,8 @@ class Worker:
             "POST",
             "/_fence/v1/leases/renew",
             json_body={"ttl_s": LEASE_S},
-            headers={"Fence-Token": token},
+            # With the client's key, as fenceproxy_client sends it: verified at once.
+            headers={"Fence-Token": token, **self.headers},
         )
 
 
@@ -158,8 +159,10 @@ def test_renews_with_made_up_tokens_are_refused_before_their_body(
     stack: Stack, floods: list[BodyFlood]
 ) -> None:
     result = worker_is_served_during(stack, floods, made_up_renew, keyed=True)
-    # Every one answered 403 invalid_token without waiting for its body.
-    assert answered(result) == [403] * FLOOD, sorted(set(result.statuses()), key=str)
+    # Every one answered without waiting for its body: 403 invalid_token, or 503 if
+    # shed while its token was looked up (past limits.max_unverified_waits).
+    assert len(answered(result)) == FLOOD
+    assert set(answered(result)) <= {403, 503}, sorted(set(result.statuses()), key=str)
 
 
 @AUTH_STACK
@@ -199,7 +202,8 @@ def test_fenced_writes_with_made_up_tokens_are_refused_before_their_body(
     stack: Stack, floods: list[BodyFlood]
 ) -> None:
     result = worker_is_served_during(stack, floods, made_up_fenced_write, keyed=True)
-    assert answered(result) == [403] * FLOOD, sorted(set(result.statuses()), key=str)
+    assert len(answered(result)) == FLOOD
+    assert set(answered(result)) <= {403, 503}, sorted(set(result.statuses()), key=str)
 
 
 def pass_through_read(number: int) -> bytes:
@@ -219,4 +223,4 @@ def test_pass_through_bodies_that_never_come_cannot_take_the_workers_requests(
     )
     assert set(answered(result)) == {503}, sorted(set(result.statuses()), key=str)
     # Shed, oldest first, as the next came: at most the cap were still waiting.
-    assert result.closed_by_proxy >= connections - limits.unverified_bodies
+    assert result.closed_by_proxy >= connections - limits.unverified_waits
