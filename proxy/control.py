@@ -149,7 +149,7 @@ async def _refuse_acquire(
     return refusal_response(refusal)
 
 
-def _verify_presented_key(request: web.Request) -> None:
+def verify_presented_key(request: web.Request) -> None:
     """Renew and release need no client key, yet a client sends its key with them
     (fenceproxy_client does): a valid one verifies the request at once, so that its
     connection is kept even while its token is looked up behind a flood's. Any other
@@ -162,7 +162,7 @@ def _verify_presented_key(request: web.Request) -> None:
 async def renew(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    _verify_presented_key(request)
+    verify_presented_key(request)
     # Before any of the body: a made-up token is refused at once, whatever the body
     # does, and only a live lease's token keeps its connection while the body comes.
     await lease_before_body(request, token, runtime.store)
@@ -180,7 +180,7 @@ async def renew(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    _verify_presented_key(request)
+    verify_presented_key(request)
     await lease_before_body(request, token, runtime.store)  # as renew does
     await json_object(request, set())
     result = await runtime.store.release(token_hash(token))
