@@ -96,7 +96,10 @@ _PROBLEMS = {
         "an acquire, lease view or read without a client's key (or the admin token)",
     ),
     ErrorCode.INVALID_TOKEN: _Problem(
-        403, "Fence-Token not issued here", "malformed, unknown or forged token"
+        403,
+        "Fence-Token not issued here",
+        "malformed, unknown or forged token; looked up before a body still on its way is "
+        "waited for (renew and release: before any), the connection then closed",
     ),
     ErrorCode.FORBIDDEN: _Problem(
         403,
@@ -226,8 +229,11 @@ _PROBLEMS = {
     ErrorCode.OVERLOADED: _Problem(
         503,
         "Proxy overloaded",
-        "`limits.max_requests` proxied requests are being handled; nothing was recorded or "
-        "forwarded (`Retry-After` set, the connection is closed)",
+        "`limits.max_requests` proxied requests are being handled, or the connection was "
+        "the one waiting longest on a request with no verified credential (for its "
+        "token's lookup or its body) and its room was needed (`limits.max_connections`, "
+        "`limits.max_unverified_waits`); "
+        "nothing was recorded or forwarded (`Retry-After` set, the connection is closed)",
     ),
     ErrorCode.RECOVERY_WINDOW: _Problem(
         503,

@@ -272,9 +272,21 @@ CONFIGURATION: dict[str, Key] = {
     ),
     "limits.max_connections": Key(
         "client connections open at once per process; one more closes the connection that "
-        "waited longest without a request being handled, or, if every one has a request "
-        "being handled, is `503 overloaded`. Keep it above `max_requests`",
+        "waited longest, either without a request being handled or on a request with no "
+        "verified credential waiting for its token's lookup or its body (that one is "
+        "answered `503 overloaded`); if every one has a request being handled otherwise, "
+        "the new one is `503 overloaded`. Keep it above `max_requests`",
         lambda p: p.limits.max_connections,
+    ),
+    "limits.max_unverified_waits": Key(
+        "requests with no verified credential (no configured client's key or certificate, "
+        "no live lease's `Fence-Token`: an anonymous acquire without `auth:`, a renew with "
+        "an ended lease's token, a made-up token being looked up, a pass-through request) "
+        "waiting at once for their token's lookup or their body, per process; one more "
+        "closes the one that waited longest, answered `503 "
+        "overloaded`. Absent: a quarter of `max_requests`; must be below it, so that such "
+        "requests, however many, leave the rest to workers with a credential",
+        lambda p: p.limits.unverified_waits,
     ),
     "quotas": Key(
         "per quota subject (the holder; with `auth:`, the client); see "

@@ -29,7 +29,8 @@ def parse_leases(root: Mapping, problems: Problems) -> LeaseBounds:
 
 
 def parse_limits(root: Mapping, problems: Problems) -> Limits:
-    """`limits: {header_timeout_s, body_timeout_s, max_requests, max_connections}`."""
+    """`limits: {header_timeout_s, body_timeout_s, max_requests, max_connections,
+    max_unverified_waits}`."""
     default = Limits()
     node = root.child("limits")
     if node is None:
@@ -37,7 +38,13 @@ def parse_limits(root: Mapping, problems: Problems) -> Limits:
     block = Mapping(
         node,
         problems,
-        {"header_timeout_s", "body_timeout_s", "max_requests", "max_connections"},
+        {
+            "header_timeout_s",
+            "body_timeout_s",
+            "max_requests",
+            "max_connections",
+            "max_unverified_waits",
+        },
     )
     if not block.valid:
         return default
@@ -47,11 +54,21 @@ def parse_limits(root: Mapping, problems: Problems) -> Limits:
     connections = block.number(
         "max_connections", default=default.max_connections, minimum=1, integer=True
     )
+    most = most if isinstance(most, int) else default.max_requests
+    unverified = block.number("max_unverified_waits", default=None, minimum=1, integer=True)
+    if isinstance(unverified, int) and unverified >= most:
+        problems.add(
+            block.children["max_unverified_waits"],
+            f"must be below max_requests ({most}): requests without a credential "
+            "could otherwise take every one a worker with a credential needs",
+        )
+        unverified = None
     return Limits(
         float(header) if header is not None else default.header_timeout_s,
         float(body) if body is not None else default.body_timeout_s,
-        most if isinstance(most, int) else default.max_requests,
+        most,
         connections if isinstance(connections, int) else default.max_connections,
+        unverified if isinstance(unverified, int) else None,
     )
 
 

@@ -102,6 +102,18 @@ class Limits:
     # (proxy/connections.py); above max_requests, so that each request in flight can
     # hold its connection and workers still have room to connect.
     max_connections: int = 1280
+    # Requests with no verified credential (no configured client's key, no live
+    # lease's token) waiting at once for their token's lookup or their body; one
+    # more sheds the one waiting longest (proxy/connections.py). None: a quarter of
+    # max_requests, so that such requests, however many, leave the rest to workers
+    # with a credential.
+    max_unverified_waits: int | None = None
+
+    @property
+    def unverified_waits(self) -> int:
+        if self.max_unverified_waits is not None:
+            return self.max_unverified_waits
+        return max(1, self.max_requests // 4)
 
 
 @dataclass(frozen=True)

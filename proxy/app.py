@@ -348,7 +348,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             resource=exc.context.get("resource"),
             client=exc.context.get("client"),
         )
-        if exc.code is ErrorCode.REQUEST_TIMEOUT:
+        if exc.close:
             return await _answer_and_close(request, exc.response())
         return exc.response()
     except StoreUnavailable as exc:
@@ -396,8 +396,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
     """Send `response`, then close the connection at once. The rest of the body is not
-    coming: left to itself aiohttp would linger (up to 10 s) reading it before closing,
-    so a slow client would still hold the connection past its timeout."""
+    coming, or not wanted: left to itself aiohttp would linger (up to 10 s) reading it
+    before closing, so a slow client would still hold the connection past its timeout."""
     response.force_close()
     await response.prepare(request)
     await response.write_eof()

@@ -27,7 +27,7 @@ from core.codes import ErrorCode
 from core.fencing import Clients
 from policies import AuthClient, Listen, Policy, Right
 from proxy.problems import ProblemError
-from proxy.requests import single_header
+from proxy.requests import CREDENTIAL_VERIFIED, single_header
 from proxy.tls import client_subject
 
 T = TypeVar("T")
@@ -200,6 +200,8 @@ def require(request: web.Request, right: Right, resource: str | None = None) -> 
             client=client.name,
         )
     request[CLIENT] = client
+    # Its connection is kept while its body comes (proxy/connections.py).
+    request[CREDENTIAL_VERIFIED] = True
     if resource is not None:
         check_scope(client, resource)
     return client

@@ -118,6 +118,7 @@ def serve(args: argparse.Namespace) -> int:
                 ssl_context=server_context(tls) if tls is not None else None,
                 grace_s=args.grace,
                 max_connections=policy.limits.max_connections,
+                max_unverified_waits=policy.limits.unverified_waits,
                 metrics=app[RUNTIME].metrics,
                 server_options=server_options(policy),
                 # Once the store is open and the port listens: a store that cannot be

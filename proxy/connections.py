@@ -8,10 +8,20 @@ sees it, and a head over the limits is answered `431 headers_too_large` or
 `414 uri_too_long` (problem+json) and the connection closed, having held a few KiB.
 
 At most `limits.max_connections` connections are open. One more closes the
-connection that has waited longest without a request being handled (an unfinished
-head, or an idle keep-alive connection); if every connection has a request being
-handled, the new one is answered `503 overloaded` and closed. A worker connecting
-during a flood of unfinished heads is then the newest and is served.
+connection that has waited longest, either without a request being handled (an
+unfinished head, or an idle keep-alive connection) or on a request with no
+verified credential (no configured client's key, no live lease's token) that has
+done nothing yet: waiting for its token's lookup or its body (proxy/requests.py
+`UnverifiedWait`; that one is answered `503 overloaded`). If every connection has
+a request being handled otherwise, the new one is answered `503 overloaded` and
+closed. A worker connecting during a flood of unfinished heads, or of bodies that
+never come, is then the newest and is served, and once its credential is
+verified its connection is kept.
+
+Such unverified waits are also capped on their own (`limits.max_unverified_waits`,
+a quarter of `max_requests` by default): one more sheds the one waiting longest in
+the same way, so that however many of them come, they hold no more than that of
+the requests that `max_requests` counts.
 
 Everything here is aiohttp's public API (AppRunner, its `server` protocol factory,
 `request.protocol`) and asyncio's: the listener is `loop.create_server` over a
@@ -35,7 +45,13 @@ from core.codes import ErrorCode
 from core.request_heads import ONCE_ONLY_FIELDS, HeadCounter, HeadLimits
 from proxy.metrics import Metrics
 from proxy.problems import problem_document
-from proxy.requests import MAX_HEADER_TOTAL, MAX_TARGET
+from proxy.requests import (
+    MAX_HEADER_TOTAL,
+    MAX_TARGET,
+    SHED_DETAIL,
+    UNVERIFIED_WAIT,
+    UnverifiedWait,
+)
 
 # The head as sent, line ends and spaces included: the exact checks on what the
 # parser made of it (proxy/requests.py, 8 KiB per value and 32 KiB of names and
@@ -72,10 +88,10 @@ LINGER_BYTES = 256 * 1024
 TRIM_DELAY_S = 1.0
 
 
-def refusal_bytes(code: ErrorCode, head_only: bool = False) -> bytes:
-    """A whole answer, written on the connection before aiohttp has a request for it;
+def refusal_bytes(code: ErrorCode, head_only: bool = False, detail: str | None = None) -> bytes:
+    """A whole answer, written on the connection outside aiohttp's handling of it;
     `head_only` for a HEAD request, whose answer has no content (RFC 9110 §9.3.2)."""
-    body = problem_document(code, _DETAILS[code])
+    body = problem_document(code, detail or _DETAILS[code])
     extra = "Retry-After: 1\r\n" if code is ErrorCode.OVERLOADED else ""
     head = (
         f"HTTP/1.1 {code.status} {HTTPStatus(code.status).phrase}\r\n"
@@ -131,13 +147,13 @@ class GuardedConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.handler.resume_writing()
 
-    def refuse(self, code: ErrorCode) -> None:
+    def refuse(self, code: ErrorCode, detail: str | None = None) -> None:
         """Answer `code` and close, whatever the connection was doing."""
         transport = self.transport
         if self._refused or transport is None or transport.is_closing():
             return
         self._refused = True
-        transport.write(refusal_bytes(code, head_only=self.counter.method == b"HEAD"))
+        transport.write(refusal_bytes(code, self.counter.method == b"HEAD", detail))
         # A connection refused for want of room must give its room back at once.
         if code is not ErrorCode.OVERLOADED and transport.can_write_eof():
             transport.write_eof()
@@ -154,13 +170,22 @@ class GuardedConnection(asyncio.Protocol):
 class ConnectionGuard:
     """Open connections in the order they began waiting for a request head."""
 
-    def __init__(self, max_connections: int, metrics: Metrics) -> None:
+    def __init__(
+        self, max_connections: int, metrics: Metrics, max_unverified_waits: int | None = None
+    ) -> None:
         self._max = max_connections
+        # None: no limit but max_connections (a guard built for a test).
+        self._max_unverified_waits = max_unverified_waits
         self._metrics = metrics
         self._open: dict[asyncio.Protocol, GuardedConnection] = {}  # by aiohttp's handler
         # Connections with no request being handled, oldest wait first (dicts keep
-        # insertion order): a request's end puts its connection last.
-        self._waiting: dict[GuardedConnection, None] = {}
+        # insertion order): a request's end puts its connection last. Each with the
+        # number its wait began with, to compare with `_unverified_waits`.
+        self._waiting: dict[GuardedConnection, int] = {}
+        # Connections whose request waits for its body without a verified credential,
+        # oldest wait first, numbered from the same count.
+        self._unverified_waits: dict[GuardedConnection, tuple[int, UnverifiedWait]] = {}
+        self._waits_begun = 0
         self._trim = _MallocTrim()
 
     def protocol_factory(
@@ -170,19 +195,43 @@ class ConnectionGuard:
         return lambda: GuardedConnection(self, handler_factory())
 
     def opened(self, connection: GuardedConnection) -> None:
-        if len(self._open) >= self._max:
-            if self._waiting:
-                oldest = next(iter(self._waiting))
-                self._forget(oldest)
-                oldest.shed()
-                self._metrics.connections_shed.labels("evicted").inc()
-            else:
-                self._metrics.connections_shed.labels("refused").inc()
-                connection.refuse(ErrorCode.OVERLOADED)
-                return
+        if len(self._open) >= self._max and not self._make_room():
+            self._metrics.connections_shed.labels("refused").inc()
+            connection.refuse(ErrorCode.OVERLOADED)
+            return
         self._open[connection.handler] = connection
-        self._waiting[connection] = None
+        self._waiting[connection] = self._next_wait()
         self._metrics.open_connections.set(len(self._open))
+
+    def _next_wait(self) -> int:
+        self._waits_begun += 1
+        return self._waits_begun
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest, idle or for a body with no
+        verified credential; False if there is none. Idle ones are not preferred: a
+        worker's new connection is idle until its head is read, and during a flood of
+        bodies it would be the only one."""
+        oldest_idle = next(iter(self._waiting.items()), None)
+        oldest_body = next(iter(self._unverified_waits.values()), None)
+        if oldest_idle is not None and (oldest_body is None or oldest_idle[1] < oldest_body[0]):
+            connection = oldest_idle[0]
+            self._forget(connection)
+            connection.shed()
+            self._metrics.connections_shed.labels("evicted").inc()
+            return True
+        if oldest_body is not None:
+            self._shed_oldest_unverified_wait()
+            return True
+        return False
+
+    def _shed_oldest_unverified_wait(self) -> None:
+        awaited, (_, wait) = next(iter(self._unverified_waits.items()))
+        self._forget(awaited)
+        # Before the close, which ends the body's read: read_body then knows why.
+        wait.shed = True
+        awaited.refuse(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=wait.waiting_for))
+        self._metrics.connections_shed.labels("unverified").inc()
 
     def closed(self, connection: GuardedConnection) -> None:
         self._forget(connection)
@@ -192,6 +241,7 @@ class ConnectionGuard:
         if self._open.pop(connection.handler, None) is not None:
             self._metrics.open_connections.set(len(self._open))
         self._waiting.pop(connection, None)
+        self._unverified_waits.pop(connection, None)
 
     def request_started(self, connection: GuardedConnection) -> None:
         self._waiting.pop(connection, None)
@@ -199,7 +249,22 @@ class ConnectionGuard:
     def request_ended(self, connection: GuardedConnection) -> None:
         if connection.handler in self._open:
             self._waiting.pop(connection, None)
-            self._waiting[connection] = None
+            self._waiting[connection] = self._next_wait()
+
+    def unverified_wait_began(self, connection: GuardedConnection, wait: UnverifiedWait) -> None:
+        if connection.handler not in self._open:
+            return
+        # However many come, such waits hold at most this many connections (and
+        # requests of max_requests): the one waiting longest makes room.
+        if (
+            self._max_unverified_waits is not None
+            and len(self._unverified_waits) >= self._max_unverified_waits
+        ):
+            self._shed_oldest_unverified_wait()
+        self._unverified_waits[connection] = (self._next_wait(), wait)
+
+    def unverified_wait_ended(self, connection: GuardedConnection) -> None:
+        self._unverified_waits.pop(connection, None)
 
     def count_refusal(self, code: ErrorCode) -> None:
         self._metrics.count_refusal(code)
@@ -208,15 +273,29 @@ class ConnectionGuard:
     async def middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """A connection with a request being handled is never the one evicted."""
+        """A connection with a request being handled is not evicted as idle; it may be
+        shed only while that request waits for its body without a verified credential."""
         connection = self._open.get(request.protocol)
         if connection is None:
             return await handler(request)
+        request[UNVERIFIED_WAIT] = _GuardedWait(self, connection)
         self.request_started(connection)
         try:
             return await handler(request)
         finally:
             self.request_ended(connection)
+
+
+class _GuardedWait(UnverifiedWait):
+    def __init__(self, guard: ConnectionGuard, connection: GuardedConnection) -> None:
+        self._guard = guard
+        self._connection = connection
+
+    def begin(self) -> None:
+        self._guard.unverified_wait_began(self._connection, self)
+
+    def end(self) -> None:
+        self._guard.unverified_wait_ended(self._connection)
 
 
 class _MallocTrim:
@@ -252,6 +331,7 @@ async def serve(
     ssl_context: ssl.SSLContext | None,
     grace_s: float,
     max_connections: int,
+    max_unverified_waits: int | None,
     metrics: Metrics,
     server_options: dict[str, Any],
     on_listening: Callable[[], None],
@@ -259,7 +339,7 @@ async def serve(
     """Serve `app` until SIGTERM or SIGINT, then stop as aiohttp's run_app does:
     close the listener, wait up to `grace_s` for requests in flight, run the cleanups.
     `on_listening` runs once the app started (its store open) and the port listens."""
-    guard = ConnectionGuard(max_connections, metrics)
+    guard = ConnectionGuard(max_connections, metrics, max_unverified_waits)
     # First: requests refused by the other middlewares also end and free their connection.
     app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace_s, **server_options)

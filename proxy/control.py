@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,10 +20,11 @@ from proxy.presentation import lease_view_json
 from proxy.problems import ProblemError, refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import (
+    CREDENTIAL_VERIFIED,
     defer_continue,
     holder_name,
     json_object,
-    refuse_unissued_token_before_inviting,
+    lease_before_body,
     single_header,
     ttl,
 )
@@ -147,10 +149,23 @@ async def _refuse_acquire(
     return refusal_response(refusal)
 
 
+def verify_presented_key(request: web.Request) -> None:
+    """Renew and release need no client key, yet a client sends its key with them
+    (fenceproxy_client does): a valid one verifies the request at once, so that its
+    connection is kept even while its token is looked up behind a flood's. Any other
+    key, or none, is not judged here: the token is the capability."""
+    with contextlib.suppress(ProblemError):
+        if auth.authenticate(request) is not None:
+            request[CREDENTIAL_VERIFIED] = True
+
+
 async def renew(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    await refuse_unissued_token_before_inviting(request, token, runtime.store)
+    verify_presented_key(request)
+    # Before any of the body: a made-up token is refused at once, whatever the body
+    # does, and only a live lease's token keeps its connection while the body comes.
+    await lease_before_body(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data, runtime.policy.leases)
     standing = request.config_dict[auth.CREDENTIALS].standing
@@ -165,7 +180,8 @@ async def renew(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     token = _presented_token(request)
-    await refuse_unissued_token_before_inviting(request, token, runtime.store)
+    verify_presented_key(request)
+    await lease_before_body(request, token, runtime.store)  # as renew does
     await json_object(request, set())
     result = await runtime.store.release(token_hash(token))
     if isinstance(result, Refusal):

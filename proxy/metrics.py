@@ -29,7 +29,7 @@ TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 MAX_PREFIX_LABELS = 20
 LEASE_ENDINGS = (Ending.RELEASED, Ending.REVOKED, Ending.SUPERSEDED)
 # The `how` label of fenceproxy_connections_shed_total (proxy/connections.py).
-SHED_HOW = ("evicted", "refused")
+SHED_HOW = ("evicted", "unverified", "refused")
 
 
 class Metrics:
@@ -136,7 +136,9 @@ class Metrics:
         self.connections_shed = Counter(
             "fenceproxy_connections_shed",
             "Client connections closed to stay within limits.max_connections, by how "
-            "(evicted: the one waiting longest for a request head; refused: a new one)",
+            "(evicted: the one waiting longest for a request head; unverified: the one "
+            "waiting longest on a request with no verified credential; "
+            "refused: a new one)",
             ["how"],
             registry=self.registry,
         )

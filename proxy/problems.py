@@ -78,13 +78,18 @@ def refusal_response(refusal: Refusal, headers: dict[str, str] | None = None) ->
 class ProblemError(Exception):
     """Raised by request parsing helpers; the middleware turns it into a response."""
 
-    def __init__(self, code: ErrorCode, detail: str, **context: Any) -> None:
+    def __init__(
+        self, code: ErrorCode, detail: str, *, close: bool = False, **context: Any
+    ) -> None:
         super().__init__(detail)
         # Checked now, while the handler runs: the middleware's ProblemError branch
         # could not turn a bad code into a problem document any more.
         self.code = ErrorCode(code)
         self.detail = detail
         self.context = context
+        # Answered, then the connection closed (proxy/app.py): the request's body is
+        # not coming, or not wanted, and draining it would hold the connection.
+        self.close = close
 
     def response(self) -> web.Response:
         return problem(self.code, self.detail, **self.context)

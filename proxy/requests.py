@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import hdrs, web
 from multidict import MultiMapping
 
 from core.codes import ErrorCode
+from core.records import LeaseRecord
 from policies import HOLDER_RE, LeaseBounds
 from proxy.problems import ProblemError, problem
 from proxy.tokens import token_hash
@@ -111,19 +115,106 @@ def expects_continue(request: web.Request) -> bool:
 async def refuse_unissued_token_before_inviting(
     request: web.Request, token: str, store: Store
 ) -> None:
-    """With `Expect: 100-continue`, the token is looked up before the body is invited:
-    one never issued here is refused then (403 invalid_token), so that anyone with a
-    well-formed string cannot make the proxy wait for an upload it will refuse. Without
-    it, the body is on its way anyway and the store's own decision refuses the token:
-    the hot path pays no extra read."""
-    if expects_continue(request) and await store.lease_of_token(token_hash(token)) is None:
-        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
+    """The token is looked up before a body that has not arrived is waited for (or
+    invited, with `Expect: 100-continue`): one never issued here is refused then
+    (403 invalid_token), so that anyone with a well-formed string can neither make the
+    proxy wait for an upload it will refuse nor hold a connection meanwhile. A body
+    that came with the head is not waited for: the store's own decision refuses the
+    token, and the hot path (a small body in the head's packets) pays no extra read.
+    A live lease's token is a verified credential (`CREDENTIAL_VERIFIED`)."""
+    if expects_continue(request) or body_pending(request):
+        await lease_before_body(request, token, store)
+
+
+async def lease_before_body(request: web.Request, token: str, store: Store) -> LeaseRecord:
+    """The lease of the request's token, looked up before any of its body is read:
+    never issued here, 403 invalid_token; live, the request's credential is verified
+    (its connection is then kept while its body comes). A token whose lease ended or
+    expired is no credential: its request goes on, to be refused by the store, but
+    its connection may be shed while its body is awaited (proxy/connections.py), as
+    while the lookup itself is awaited: nothing has been done yet."""
+    async with _unverified_wait(request, "its token's lookup"):
+        lease = await store.lease_of_token(token_hash(token))
+    if lease is None:
+        raise ProblemError(
+            ErrorCode.INVALID_TOKEN,
+            "the Fence-Token is not one this proxy issued",
+            # The body that may still come is not waited for, nor drained.
+            close=expects_continue(request) or body_pending(request),
+        )
+    # The proxy's clock, not the store's: this only decides which connections may be
+    # shed, never whether the lease holds (the store decides that, by its own clock).
+    if lease.live(time.time()):
+        request[CREDENTIAL_VERIFIED] = True
+    return lease
+
+
+def body_pending(request: web.Request) -> bool:
+    """The request has a body that has not all arrived yet."""
+    return request.body_exists and not request.content.is_eof()
+
+
+class UnverifiedWait:
+    """A request's part in the connection guard (proxy/connections.py): while a
+    request with no verified credential waits, having done nothing yet (for its
+    token's lookup, for its body), the guard may shed its connection, answering 503
+    overloaded, to make room for another. `begin` and `end` bracket such a wait; the
+    guard sets `shed` when it took the connection, and the request then goes no
+    further."""
+
+    shed = False
+    waiting_for = ""  # what the wait is for, said in the answer if it is shed
+
+    def begin(self) -> None:
+        """The request waits from now on."""
+
+    def end(self) -> None:
+        """The wait is over."""
+
+
+# Set by the connection guard on each request it serves (absent on a bare application).
+UNVERIFIED_WAIT = web.RequestKey("unverified_wait", UnverifiedWait)
+# Set once the request's credential is verified: a configured client's key or
+# certificate (proxy/auth.py `require`), or a live lease's token (`lease_before_body`).
+CREDENTIAL_VERIFIED = web.RequestKey("credential_verified", bool)
+SHED_DETAIL = (
+    "the proxy needed the room: this connection, waiting (for {what}) on a request with "
+    "no verified credential, was the one waiting longest (limits.max_connections, "
+    "limits.max_unverified_waits)"
+)
+
+
+@contextlib.asynccontextmanager
+async def _unverified_wait(request: web.Request, what: str) -> AsyncIterator[None]:
+    """A wait the guard may cut short, unless the request's credential is verified:
+    a shed one ends in 503 overloaded, and one whose client went in 400 (nobody reads
+    either; each is counted for what it is, not logged as the proxy's failure)."""
+    wait = None if request.get(CREDENTIAL_VERIFIED) else request.get(UNVERIFIED_WAIT)
+    if wait is not None:
+        wait.waiting_for = what
+        wait.begin()
+    try:
+        yield
+    except ConnectionError:
+        if wait is not None and wait.shed:
+            raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what)) from None
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST, f"the connection closed during the wait for {what}"
+        ) from None
+    finally:
+        if wait is not None:
+            wait.end()
+    if wait is not None and wait.shed:
+        # Shed while the wait ended by itself: its answer is gone, so nothing more.
+        raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what))
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, refusing before reading more than `limit` bytes, or once the
     body has taken longer than the body timeout: a client that promises bytes and
-    never sends them would otherwise hold its connection (and handler) forever."""
+    never sends them would otherwise hold its connection (and handler) forever.
+    Without a verified credential the wait may also end by the guard shedding the
+    connection for room (`UnverifiedWait`)."""
     declared = request.content_length
     if declared is not None and declared > limit:
         # Refused before reading a byte of it (and before inviting it, below).
@@ -134,14 +225,17 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         )
     if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if not body_pending(request):
+        return await _read_body(request, limit)
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with _unverified_wait(request, "its body"), asyncio.timeout(timeout_s):
             return await _read_body(request, limit)
     except TimeoutError:
         raise ProblemError(
             ErrorCode.REQUEST_TIMEOUT,
             f"the body did not arrive within {timeout_s:g} s",
+            close=True,
             limit_s=timeout_s,
         ) from None
 

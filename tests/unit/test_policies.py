@@ -1313,12 +1313,37 @@ def test_max_connections_must_be_a_positive_integer() -> None:
     )
 
 
+def test_unverified_waits_are_a_quarter_of_max_requests_unless_given() -> None:
+    assert parse_policy(VALID).limits.unverified_waits == 256
+    assert parse_policy(with_text("limits: {max_requests: 7}")).limits.unverified_waits == 1
+    given = parse_policy(with_text("limits: {max_requests: 7, max_unverified_waits: 6}"))
+    assert given.limits == Limits(15, 30, 7, max_unverified_waits=6)
+    assert given.limits.unverified_waits == 6
+
+
+def test_max_unverified_waits_must_be_below_max_requests() -> None:
+    """At max_requests, requests without a credential could take every one."""
+    assert_single_problem(
+        with_text("limits: {max_requests: 7, max_unverified_waits: 7}"),
+        13,
+        "limits.max_unverified_waits",
+        "must be below max_requests (7)",
+    )
+    assert_single_problem(
+        with_text("limits: {max_unverified_waits: 0}"),
+        13,
+        "limits.max_unverified_waits",
+        "must be at least 1",
+    )
+
+
 def test_unknown_key_in_limits() -> None:
     assert_single_problem(
         with_text("limits: {max_sockets: 10}"),
         13,
         "limits.max_sockets",
-        "unknown key (allowed: body_timeout_s, header_timeout_s, max_connections, max_requests)",
+        "unknown key (allowed: body_timeout_s, header_timeout_s, max_connections, max_requests, "
+        "max_unverified_waits)",
     )
 
 

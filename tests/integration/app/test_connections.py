@@ -9,14 +9,33 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 from aiohttp import web
 
 from proxy.connections import HEAD_LIMITS, LINGER_BYTES, ConnectionGuard
 from proxy.metrics import Metrics
+from proxy.problems import ProblemError
+from proxy.requests import CREDENTIAL_VERIFIED, SHED_DETAIL, lease_before_body, read_body
+from store import Store
 
 WITHIN_S = 5.0
+
+
+class SlowStore:
+    """Answers a token's lookup (never issued) once `answer` is set."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def lease_of_token(self, token_hash: str) -> None:
+        self.asked.set()
+        await self.answer.wait()
+
+
+SLOW_STORE = SlowStore()
 
 
 @dataclass
@@ -26,9 +45,12 @@ class Listener:
     metrics: Metrics
     handled: list[str]
     release: asyncio.Event  # /block waits for it
+    refusals: list[str]  # the codes read_body refused with on /body and /credentialed
 
 
-async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner, asyncio.Server]:
+async def start_listener(
+    max_connections: int, max_unverified_waits: int | None = None
+) -> tuple[Listener, web.AppRunner, asyncio.Server]:
     handled: list[str] = []
     release = asyncio.Event()
 
@@ -42,10 +64,37 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
         await release.wait()
         return web.Response(text="released")
 
+    refusals: list[str] = []
+
+    async def body(request: web.Request) -> web.Response:
+        """The proxy's own body read; /credentialed as after a verified credential."""
+        handled.append(request.path)
+        if request.path == "/credentialed":
+            request[CREDENTIAL_VERIFIED] = True
+        try:
+            data = await read_body(request, 1024)
+        except ProblemError as exc:
+            refusals.append(exc.code)
+            return exc.response()
+        return web.Response(text=f"{request.path} {len(data)}")
+
+    async def lookup(request: web.Request) -> web.Response:
+        """A renew's first step: its token looked up, on a store that waits."""
+        handled.append(request.path)
+        try:
+            await lease_before_body(request, "fpt_" + "A" * 43, cast(Store, SLOW_STORE))
+        except ProblemError as exc:
+            refusals.append(exc.code)
+            return exc.response()
+        return web.Response(text="issued")
+
     metrics = Metrics()
-    guard = ConnectionGuard(max_connections, metrics)
+    guard = ConnectionGuard(max_connections, metrics, max_unverified_waits)
     app = web.Application(middlewares=[guard.middleware])
     app.router.add_route("*", "/block", block)
+    app.router.add_post("/body", body)
+    app.router.add_post("/credentialed", body)
+    app.router.add_post("/lookup", lookup)
     app.router.add_route("*", "/{tail:.*}", echo)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -54,12 +103,14 @@ async def start_listener(max_connections: int) -> tuple[Listener, web.AppRunner,
         guard.protocol_factory(runner.server), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
-    return Listener(port, guard, metrics, handled, release), runner, server
+    return Listener(port, guard, metrics, handled, release, refusals), runner, server
 
 
 @contextlib.asynccontextmanager
-async def listening(max_connections: int = 100) -> AsyncIterator[Listener]:
-    started, runner, server = await start_listener(max_connections)
+async def listening(
+    max_connections: int = 100, max_unverified_waits: int | None = None
+) -> AsyncIterator[Listener]:
+    started, runner, server = await start_listener(max_connections, max_unverified_waits)
     try:
         yield started
     finally:
@@ -251,3 +302,136 @@ async def test_when_every_connection_has_a_request_being_handled_a_new_one_gets_
         assert await answer(busy_reader) == (200, b"released")
         busy_writer.close()
         writer.close()
+
+
+# --- bodies awaited without a verified credential --------------------------------------
+
+PENDING_BODY = b"Host: p\r\nContent-Length: 10\r\n\r\n{"  # 10 bytes promised, 1 sent
+
+
+async def test_past_the_cap_an_uncredentialed_body_wait_is_shed_and_a_verified_one_kept() -> None:
+    async with listening(max_connections=2) as listener:
+        anonymous_reader, anonymous_writer = await connect(listener)
+        anonymous_writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the anonymous body wait")
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: len(listener.handled) == 2, "the verified body wait")
+        reader, writer = await connect(listener)
+        writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(reader) == (200, b"/served 0")
+        status, body = await answer(anonymous_reader)
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert json.loads(body)["detail"] == SHED_DETAIL.format(what="its body")
+        assert await closed_by_server(anonymous_reader) == b""
+        # read_body learns why its connection went: counted as shed, not as a failure.
+        await until(lambda: listener.refusals == ["overloaded"], "the shed body read")
+        assert shed(listener.metrics, "unverified") == 1
+        assert shed(listener.metrics, "evicted") == 0
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        for stream_writer in (anonymous_writer, verified_writer, writer):
+            stream_writer.close()
+
+
+async def test_the_longest_wait_goes_first_whether_idle_or_for_an_uncredentialed_body() -> None:
+    """An idle connection is not preferred: during a flood of bodies that never come,
+    a worker's new connection is idle until its head is read, the only one."""
+    async with listening(max_connections=3) as listener:
+        idle_reader, idle_writer = await connect(listener)
+        await until(lambda: open_connections(listener.metrics) == 1, "the idle connection")
+        waiting_reader, waiting_writer = await connect(listener)
+        waiting_writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the body wait")
+        newest_reader, newest_writer = await connect(listener)
+        await until(lambda: open_connections(listener.metrics) == 3, "3 connections open")
+        _, writer = await connect(listener)
+        assert await closed_by_server(idle_reader) == b""
+        assert (shed(listener.metrics, "evicted"), shed(listener.metrics, "unverified")) == (1, 0)
+        _, other_writer = await connect(listener)
+        status, body = await answer(waiting_reader)
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert (shed(listener.metrics, "evicted"), shed(listener.metrics, "unverified")) == (1, 1)
+        # The newest of them, idle all along, is still open.
+        newest_writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(newest_reader) == (200, b"/served 0")
+        for stream_writer in (idle_writer, waiting_writer, newest_writer, writer, other_writer):
+            stream_writer.close()
+
+
+async def test_when_every_body_wait_is_credentialed_a_new_connection_gets_503() -> None:
+    async with listening(max_connections=1) as listener:
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/credentialed"], "the verified body wait")
+        reader, writer = await connect(listener)
+        status, body = await answer(reader)
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert shed(listener.metrics, "refused") == 1
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        verified_writer.close()
+        writer.close()
+
+
+async def handled(listener: Listener, count: int) -> None:
+    await until(lambda: len(listener.handled) == count, f"{count} requests handled")
+
+
+async def test_past_max_unverified_waits_the_one_waiting_longest_is_shed() -> None:
+    """Far below max_connections: the cap of their own holds however many come, and a
+    verified body wait is not counted."""
+    async with listening(max_unverified_waits=2) as listener:
+        verified_reader, verified_writer = await connect(listener)
+        verified_writer.write(b"POST /credentialed HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/credentialed"], "the verified body wait")
+        anonymous = []
+        for number in range(3):
+            reader, writer = await connect(listener)
+            writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+            anonymous.append((reader, writer))
+            await handled(listener, 2 + number)
+        status, body = await answer(anonymous[0][0])
+        assert (status, json.loads(body)["code"]) == (503, "overloaded")
+        assert shed(listener.metrics, "unverified") == 1
+        for reader, writer in anonymous[1:]:
+            writer.write(b"123456789")
+            assert await answer(reader) == (200, b"/body 10")
+        verified_writer.write(b"123456789")
+        assert await answer(verified_reader) == (200, b"/credentialed 10")
+        for stream_writer in (verified_writer, *(writer for _, writer in anonymous)):
+            stream_writer.close()
+
+
+async def test_a_request_whose_token_is_being_looked_up_may_be_shed() -> None:
+    """Nothing is done before the lookup answers: a flood of made-up tokens waiting on
+    a slow store holds no connection a worker needs."""
+    store = SLOW_STORE
+    store.asked.clear()
+    store.answer.clear()
+    async with listening(max_connections=1) as listener:
+        looking_reader, looking_writer = await connect(listener)
+        looking_writer.write(b"POST /lookup HTTP/1.1\r\n" + PENDING_BODY)
+        await asyncio.wait_for(store.asked.wait(), WITHIN_S)
+        reader, writer = await connect(listener)
+        status, body = await answer(looking_reader)
+        assert (status, json.loads(body)["detail"]) == (
+            503,
+            SHED_DETAIL.format(what="its token's lookup"),
+        )
+        writer.write(b"GET /served HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert await answer(reader) == (200, b"/served 0")
+        store.answer.set()
+        # The lookup's answer comes to a request that was shed: it goes no further.
+        await until(lambda: listener.refusals == ["overloaded"], "the shed lookup")
+        for stream_writer in (looking_writer, writer):
+            stream_writer.close()
+
+
+async def test_a_client_gone_before_its_body_is_a_refusal_not_a_failure() -> None:
+    async with listening() as listener:
+        _, writer = await connect(listener)
+        writer.write(b"POST /body HTTP/1.1\r\n" + PENDING_BODY)
+        await until(lambda: listener.handled == ["/body"], "the body wait")
+        writer.close()
+        await until(lambda: listener.refusals == ["invalid_request"], "the cut body read")

@@ -295,6 +295,56 @@ async def test_a_forged_token_is_refused_before_the_body_is_invited(
     assert b"application/problem+json" in answer
 
 
+@pytest.mark.parametrize(
+    ("target", "extra"),
+    [
+        ("/_fence/v1/leases/renew", b""),
+        ("/_fence/v1/leases/release", b""),
+        ("/orders/widget", b"Idempotency-Key: k-1\r\n"),
+    ],
+)
+async def test_a_forged_token_is_refused_before_a_body_still_on_its_way(
+    fence: Fence, target: str, extra: bytes
+) -> None:
+    """Without Expect the body is on its way, and may never come: the token is looked
+    up first, the refusal is at once (not after the body timeout, 30 s here), and the
+    connection is closed rather than left to drain the rest."""
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nFence-Token: {FORGED_TOKEN}\r\n".encode()
+        + extra
+        + b"Content-Type: application/json\r\nContent-Length: 11\r\n\r\n{"
+    )
+    server = fence.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the proxy closes
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert b'"code": "invalid_token"' in answer
+    assert b"Connection: close" in answer
+
+
+async def test_a_renew_with_an_ended_lease_s_token_still_gets_the_store_s_answer(
+    fence: Fence,
+) -> None:
+    """A token issued here whose lease ended is looked up first too, found, and let
+    through to the store's own decision (which records that its holder came back)."""
+    lease = await fence.acquire(RESOURCE, "worker-a")
+    released = await fence.client.post(
+        "/_fence/v1/leases/release", json={}, headers={"Fence-Token": lease["token"]}
+    )
+    assert released.status == 200
+    renewed = await fence.client.post(
+        "/_fence/v1/leases/renew", json={"ttl_s": 5}, headers={"Fence-Token": lease["token"]}
+    )
+    body = await renewed.json()
+    assert (renewed.status, body["code"]) == (409, "stale_epoch"), body
+
+
 async def test_a_flood_of_malformed_requests_is_logged_at_a_bounded_rate(
     fence: Fence, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -123,13 +123,38 @@ async def test_a_slow_body_on_a_pass_through_route_is_answered_408_and_closed(
     assert 0.5 <= elapsed < CLOSE_WITHIN_S
 
 
-async def test_a_slow_body_with_a_forged_token_is_answered_408_and_nothing_is_recorded(
+async def test_a_slow_body_with_a_forged_token_is_refused_at_once_and_closed(
     make_fence: FenceFactory,
 ) -> None:
+    """The token is looked up before a body that has not arrived is waited for: a
+    forged one holds the connection for no body timeout."""
     fence = await make_fence(limits="{body_timeout_s: 0.5}")
     head = slow_body(
         "POST /orders/widget HTTP/1.1",
         f"Fence-Token: {FORGED_TOKEN}",
+        "Idempotency-Key: slow-1",
+        "Content-Type: application/json",
+    )
+    answer, elapsed = await exchange(fence, head)
+    status, headers, body = parse(answer)
+    assert status == 403, answer
+    assert body["code"] == "invalid_token"
+    assert body["route"] == "place-order"
+    assert headers["connection"] == "close"
+    assert elapsed < 0.5
+    assert await fence.effects() == []
+    assert await fence.upstream_orders() == 0
+    assert [r["code"] for r in await fence.rejections()] == ["invalid_token"]
+
+
+async def test_a_slow_body_with_a_live_token_is_answered_408_and_nothing_is_recorded(
+    make_fence: FenceFactory,
+) -> None:
+    fence = await make_fence(limits="{body_timeout_s: 0.5}")
+    lease = await fence.acquire("supplier:widget")
+    head = slow_body(
+        "POST /orders/widget HTTP/1.1",
+        f"Fence-Token: {lease['token']}",
         "Idempotency-Key: slow-1",
         "Content-Type: application/json",
     )

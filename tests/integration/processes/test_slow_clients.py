@@ -50,9 +50,11 @@ def test_headers_that_never_end_get_the_connection_closed(stack: Stack) -> None:
 
 @pytest.mark.fence_stack(limits=LIMITS)
 def test_a_body_that_never_arrives_is_answered_408_and_closed(stack: Stack) -> None:
+    # A live lease's token: a made-up one is refused before its body is waited for.
+    token = stack.acquire_ok("supplier:widget", "worker", 30)["token"]
     head = (
         "POST /orders/widget HTTP/1.1\r\nHost: proxy\r\n"
-        f"Fence-Token: fpt_{'A' * 43}\r\nIdempotency-Key: slow-1\r\n"
+        f"Fence-Token: {token}\r\nIdempotency-Key: slow-1\r\n"
         "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
     ).encode()
     answer, elapsed = exchange(stack, head)
