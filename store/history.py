@@ -37,10 +37,13 @@ FAILOVER_EPOCH_ADVANCE = 1_000_000
 
 @dataclass(frozen=True)
 class Position:
-    """Where a primary's WAL is: its timeline and its LSN (as a number)."""
+    """Where a primary's history is: its timeline, its WAL position (an LSN, as a
+    number) and a transaction id (`xid`): of a position told by the server, the next it
+    will issue; of one seen, one past the newest this process committed (0: none)."""
 
     timeline: int
     lsn: int
+    xid: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,13 @@ def judge(recorded_timeline: int | None, current: Position, seen: Position | Non
             f"{format_lsn(current.lsn)} on timeline {current.timeline}: it was restored "
             "from a copy of its files, and what was acknowledged since may be lost"
         )
+    if seen is not None and current.xid < seen.xid:
+        return (
+            f"the database went back: its next transaction id is {current.xid}, and "
+            f"transaction {seen.xid - 1} committed on it (timeline {current.timeline}): it "
+            "was restored from a copy of its files, and what was acknowledged since may "
+            "be lost"
+        )
     return None
 
 
@@ -182,20 +192,27 @@ NOTICE = "fenceproxy history "
 
 
 def parse_notice(message: str) -> tuple[Position, Position] | None:
-    """The positions `fenceproxy_history_position()` tells (migration 0018), flushed and
-    inserted, or None for any other notice."""
+    """What `fenceproxy_history_position()` tells (migration 0018), or None for any other
+    notice: the position to judge (the inserted WAL, the next transaction id) and the
+    one to keep (the flushed WAL, one past the transaction's own id if it has one)."""
     if not message.startswith(NOTICE):
         return None
-    walfile, flushed, inserted = message[len(NOTICE) :].split()
-    return parse_position(walfile, flushed), parse_position(walfile, inserted)
+    walfile, flushed, inserted, next_xid, own_xid = message[len(NOTICE) :].split()
+    judged = parse_position(walfile, inserted)
+    kept = parse_position(walfile, flushed)
+    own = int(own_xid)
+    return (
+        Position(judged.timeline, judged.lsn, int(next_xid)),
+        Position(kept.timeline, kept.lsn, own + 1 if own else 0),
+    )
 
 
 def advance(seen: Position | None, current: Position) -> Position:
-    """The last position seen after `current` was judged no loss (or recovered): the
-    newest on its timeline."""
+    """The position kept once `current` was judged no loss: the newest WAL position and
+    transaction id on its timeline (after a recovery, the position recovered at)."""
     if seen is None or seen.timeline != current.timeline:
         return current
-    return Position(current.timeline, max(seen.lsn, current.lsn))
+    return Position(current.timeline, max(seen.lsn, current.lsn), max(seen.xid, current.xid))
 
 
 def format_lsn(lsn: int) -> str:

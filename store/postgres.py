@@ -56,13 +56,12 @@ _WAL_REFUSED = (
 # 0018): simple-query messages, which return no rows but deliver the position as a
 # notice, so the check costs no round trip. At BEGIN: judged before the transaction's
 # first statement is sent; on a standby in recovery it raises. After COMMIT, in the
-# same message, after the COMMIT: the flushed position past this transaction's own
-# commit, so that a restore that loses it is found on the next transaction, on any
-# connection. (That statement can fail only as the COMMIT's answer can be lost: the
-# connection gone, a cancel; a committed transaction may look failed either way.)
+# same message, just before the COMMIT: this transaction's own id, kept once the COMMIT
+# returned, so that a restore that loses it is found on the next transaction, on any
+# connection.
 _BEGIN = "BEGIN; SELECT fenceproxy_history_position()"
 _BEGIN_READ_ONLY = "BEGIN READ ONLY; SELECT fenceproxy_history_position()"
-_COMMIT = "COMMIT; SELECT fenceproxy_history_position()"
+_COMMIT = "SELECT fenceproxy_history_position(); COMMIT"
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -269,9 +268,18 @@ class _Heard:
             self.position = told
 
     def take(self) -> tuple[Position, Position] | None:
-        """(flushed, inserted), or None if nothing was told since the last take."""
+        """(to judge, to keep), or None if nothing was told since the last take."""
         told, self.position = self.position, None
         return told
+
+
+def _gone(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
+    """Closed, or already handed back to the pool, which a connection that broke is at
+    once (its proxy then refuses every call)."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
 
 
 class _Lost(Exception):
@@ -369,7 +377,8 @@ class PostgresConnector:
             self._guarded = False
             return
         self._guarded = True
-        current = history.parse_position(row["walfile"], row["inserted"])
+        inserted = history.parse_position(row["walfile"], row["inserted"])
+        current = Position(inserted.timeline, inserted.lsn, int(row["next_xid"]))
         recorded = row["history_timeline"]
         lost = history.judge(recorded, current, self._seen)
         if lost is not None:
@@ -415,7 +424,7 @@ class PostgresConnector:
             if history.recovered_on(recorded, server) and int(row["epoch_floor"]) >= self._floor:
                 self.recovery = _window(row)
                 self._floor = int(row["epoch_floor"])
-                self._seen = current
+                self._seen = Position(current.timeline, 0)
                 return
             tx = PostgresTx(conn, self._queries, float(row["now"]))
             floor = await fence_all(tx, FAILOVER_EPOCH_ADVANCE, "failover", self._floor)
@@ -428,7 +437,8 @@ class PostgresConnector:
             )
         self.recovery = RecoveryWindow(tx.now, lost)
         self._floor = floor
-        self._seen = current
+        # Kept again from the next transaction's (flushed, crash-safe) positions.
+        self._seen = Position(current.timeline, 0)
         log.warning(
             "the store lost history (%s): every epoch was raised to %d, every lease ended, "
             "and the recovery window opened",
@@ -462,12 +472,10 @@ class PostgresConnector:
         if told is None:
             await self._rollback(conn)
             raise StoreUnavailable("the store's server did not tell its WAL position")
-        flushed, current = told
+        current, kept = told
         lost = history.judge(None, current, self._seen)
         if lost is None:
-            # Only the flushed position: what another transaction inserted may still be
-            # lost in a crash, before anyone was told it committed.
-            self._seen = history.advance(self._seen, flushed)
+            self._seen = history.advance(self._seen, kept)
             return
         await self._rollback(conn)
         await self._recover(conn, current, lost)
@@ -479,12 +487,12 @@ class PostgresConnector:
             return
         await conn.execute(_COMMIT)
         told = heard.take()
-        if told is not None and self._seen is not None and self._seen.timeline == told[0].timeline:
-            self._seen = history.advance(self._seen, told[0])
+        if told is not None and self._seen is not None and self._seen.timeline == told[1].timeline:
+            self._seen = history.advance(self._seen, told[1])
 
     @staticmethod
     async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
-        if conn.is_closed():
+        if _gone(conn):
             return
         try:
             await conn.execute("ROLLBACK")
@@ -554,7 +562,7 @@ class PostgresConnector:
             await self._commit(conn, heard)
             return result
         finally:
-            if not conn.is_closed():
+            if not _gone(conn):
                 conn.remove_log_listener(heard)
 
     def _lose(self, what: str) -> str:

@@ -538,6 +538,7 @@ WHERE recovery_opened_at IS NOT NULL
 -- recovery the WAL functions raise (55000).
 SELECT pg_walfile_name(pg_current_wal_flush_lsn()) AS walfile,
     pg_current_wal_flush_lsn()::text AS flushed, pg_current_wal_insert_lsn()::text AS inserted,
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid,
     extract(epoch FROM pg_postmaster_start_time())::float8 AS server_started,
     m.history_timeline, m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
     current_setting('synchronous_standby_names') AS synchronous_standby_names,
@@ -549,6 +550,7 @@ FROM store_meta m,
 -- history_unchecked --
 -- The same where the WAL functions are refused (a role, a managed service): no check.
 SELECT NULL::text AS walfile, NULL::text AS flushed, NULL::text AS inserted,
+    NULL::bigint AS next_xid,
     NULL::float8 AS server_started,
     m.history_timeline, m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
     current_setting('synchronous_standby_names') AS synchronous_standby_names,

@@ -66,6 +66,22 @@ def test_only_a_recovery_on_this_very_server_counts() -> None:
 
 
 def test_the_servers_notice_tells_both_positions() -> None:
-    told = parse_notice(f"{NOTICE}00000002000000000000000A 0/A000060 0/A0000D8")
-    assert told == (Position(2, 0xA000060), Position(2, 0xA0000D8))
+    told = parse_notice(f"{NOTICE}00000002000000000000000A 0/A000060 0/A0000D8 901 0")
+    assert told == (Position(2, 0xA0000D8, 901), Position(2, 0xA000060, 0))
     assert parse_notice("some other notice") is None
+    # Before its COMMIT, a transaction that wrote tells its own id: kept one past it.
+    own = parse_notice(f"{NOTICE}00000001000000000000000A 0/A000060 0/A0000D8 901 900")
+    assert own is not None and own[1] == Position(1, 0xA000060, 901)
+
+
+def test_a_transaction_id_committed_and_not_yet_issued_again_is_a_restore() -> None:
+    # Restored WAL can land past the position seen (a restart writes WAL of its own);
+    # a committed transaction's id is issued again only on a server that lost it.
+    lost = judge(None, Position(1, 9_000, 900), Position(1, 5_000, 901))
+    assert lost is not None and "transaction 900" in lost
+    assert judge(None, Position(1, 9_000, 901), Position(1, 5_000, 901)) is None
+
+
+def test_the_transaction_id_kept_is_the_newest() -> None:
+    assert advance(Position(1, 5, 901), Position(1, 6, 0)) == Position(1, 6, 901)
+    assert advance(Position(1, 5, 0), Position(1, 6, 950)) == Position(1, 6, 950)
