@@ -17,6 +17,8 @@ above the store sees asyncpg.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -282,6 +284,11 @@ def _gone(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
         return True
 
 
+def _terminate(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
 class _Lost(Exception):
     """The transaction found lost history and was rolled back: the store recovered (or
     found it recovered), and the operation may run again."""
@@ -362,6 +369,7 @@ class PostgresConnector:
         (raise every epoch, end every lease, open the recovery window) before this
         connection serves anything; and note the recovery window either way. A standby
         in recovery is left for its first transaction to refuse (`_begin`)."""
+        before = self._seen  # as in `_begin`
         try:
             row = await conn.fetchrow(self._queries["history"][0])
         except _WAL_REFUSED as exc:
@@ -380,7 +388,7 @@ class PostgresConnector:
         inserted = history.parse_position(row["walfile"], row["inserted"])
         current = Position(inserted.timeline, inserted.lsn, int(row["next_xid"]))
         recorded = row["history_timeline"]
-        lost = history.judge(recorded, current, self._seen)
+        lost = history.judge(recorded, current, before)
         if lost is not None:
             await self._recover(conn, current, lost)
             return
@@ -455,12 +463,15 @@ class PostgresConnector:
         if not self._guarded:
             await conn.execute("BEGIN READ ONLY" if readonly else "BEGIN")
             return
+        # Judged against what was seen before the BEGIN was sent: a COMMIT that returns
+        # meanwhile, on another connection, may have been after this server's answer.
+        before = self._seen
         try:
             await conn.execute(_BEGIN_READ_ONLY if readonly else _BEGIN)
         except asyncpg.ObjectNotInPrerequisiteStateError as exc:
             # A standby (recovery is in progress): this connection is not for the store;
             # the pool opens another, to whichever server answers then.
-            conn.terminate()
+            _terminate(conn)
             raise StoreUnavailable(
                 "the store's PostgreSQL server is a standby in recovery: it is not used "
                 "until it is promoted (and its history checked)"
@@ -473,7 +484,7 @@ class PostgresConnector:
             await self._rollback(conn)
             raise StoreUnavailable("the store's server did not tell its WAL position")
         current, kept = told
-        lost = history.judge(None, current, self._seen)
+        lost = history.judge(None, current, before)
         if lost is None:
             self._seen = history.advance(self._seen, kept)
             return
@@ -492,14 +503,18 @@ class PostgresConnector:
 
     @staticmethod
     async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        """Roll back the failed transaction, for the caller to raise what failed it; a
+        connection that cannot be rolled back (it broke, or this was cancelled) is
+        never reused."""
         if _gone(conn):
             return
         try:
             await conn.execute("ROLLBACK")
-        except BaseException:
-            # Not rolled back (cancelled, or the server went away): never reused.
-            conn.terminate()
+        except asyncio.CancelledError:
+            _terminate(conn)
             raise
+        except Exception:
+            _terminate(conn)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -562,7 +577,9 @@ class PostgresConnector:
             await self._commit(conn, heard)
             return result
         finally:
-            if not _gone(conn):
+            # Even from a closed connection: the pool warns of a listener left on one
+            # handed back. A proxy already handed back (the connection broke) refuses.
+            with contextlib.suppress(asyncpg.InterfaceError):
                 conn.remove_log_listener(heard)
 
     def _lose(self, what: str) -> str:

@@ -9,7 +9,8 @@ restart, the pool reconnecting to whatever answers at the store URL.
   promoted standby is lost history too: an older timeline than the last seen.
 * A database restored in place from a snapshot, same timeline, is found on the next
   transaction, since the position kept advances with every commit; and the floors are
-  raised again even though a recovery window (of the snapshot's time) is open.
+  raised again even though a recovery window (of the snapshot's time) is open; behind a
+  pooler's open connections too, in session and in transaction mode.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from core.records import Refusal
 from policies.model import StorePool
 from store import Store, StoreUnavailable, open_store
 from store.history import FAILOVER_EPOCH_ADVANCE
+from tests.pgbouncer import Bouncer, PoolMode
 from tests.pgstandby import StandbyPair
 
 pytestmark = pytest.mark.timeout(60)
 
 POOL = StorePool(1, 2, acquire_timeout_s=5.0, command_timeout_s=5.0)
+NO_CACHE = StorePool(1, 2, statement_cache=False, acquire_timeout_s=5.0, command_timeout_s=5.0)
 TTL_S = 300.0
 # Operations tried while a server goes away or comes back: each fails fast.
 ATTEMPTS = 40
@@ -152,3 +155,31 @@ async def test_a_restore_in_place_is_found_on_the_next_transaction_even_with_a_w
         assert store.recovery is not None and "went back" in store.recovery.reason
         assert isinstance(await store.renew("token-a", TTL_S), Refusal)
         assert await grant(store, "r:1", "c") > FAILOVER_EPOCH_ADVANCE
+
+
+@pytest.mark.parametrize("mode", ["session", "transaction"])
+async def test_a_restore_behind_a_poolers_open_connections_is_found(
+    mode: PoolMode, closing: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgbouncer keeps the store's client connections open while the server behind it
+    is restored and restarted: no connection of the store's pool is opened again, and in
+    transaction mode each transaction may run on another server connection. The check
+    is the transaction's, so the next one finds the loss either way."""
+    with StandbyPair(standby=False) as pair:
+        # The pooler in front of this primary, not of the tests' shared server.
+        monkeypatch.setattr("tests.pgbouncer.pg.require_admin_url", lambda: pair.primary_url)
+        with Bouncer(mode, pool_size=2) as bouncer:
+            url = bouncer.url(pair.primary_url)
+            store = open_store(url, lambda: 0.0, "replica-a", NO_CACHE)
+            await store.open()
+            closing.append(store)
+            assert await grant(store, "r:1", "a") == 1
+            pair.snapshot()
+            assert not isinstance(await store.release("token-a"), Refusal)
+            assert await grant(store, "r:1", "b") == 2
+            pair.restore()
+
+            await until_it_answers(store, "r:1")
+            assert store.recovery is not None and "went back" in store.recovery.reason
+            assert isinstance(await store.renew("token-a", TTL_S), Refusal)
+            assert await grant(store, "r:1", "c") > FAILOVER_EPOCH_ADVANCE
