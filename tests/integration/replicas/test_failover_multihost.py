@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.replicas.conftest import Api, Fleet, Proxy, api_for, eventually
+from tests.integration.replicas.conftest import Api, Fleet, Proxy, api_for, call, eventually
 from tests.pgstandby import StandbyPair
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,12 +63,14 @@ async def test_replicas_on_both_servers_recover_when_the_standby_they_reached_is
         assert written.status in OK, written
         await asyncio.to_thread(pair.crash_primary)
 
-        # The pools reconnect to the standby, still in recovery: not ready.
-        for replica in replicas:
-            for _ in range(5):
-                status, _ = await readyz(api, replica)
-                assert status == 503, status
-                await asyncio.sleep(0.05)
+        # The pools reconnect to the standby, still in recovery: not ready (once the
+        # heartbeat readyz caches is due again), and not used for anything meanwhile.
+        async def not_ready() -> bool:
+            return all([(await readyz(api, replica))[0] == 503 for replica in replicas])
+
+        await eventually("both replicas not ready on the standby", not_ready, WAIT_S)
+        refused = await api.acquire(first, RESOURCE, "d", TTL_S)
+        assert refused.code == "store_unavailable", refused
         await asyncio.to_thread(pair.promote)
 
         async def windows_open() -> bool:
@@ -90,6 +92,15 @@ async def test_replicas_on_both_servers_recover_when_the_standby_they_reached_is
         # this route, it is refused in the window rather than applied again.
         again = await api.put_rule(first, TARGET, c.body["token"], "k2", {"by": "c"})
         assert again.status == 503 and again.code == "recovery_window", again
+        # The operator closes the window (the writes in flight accounted for): C writes.
+        closed = await call(
+            api.session,
+            "POST",
+            f"{first.url}/_fence/v1/admin/close-recovery",
+            json_body={},
+            headers={"Authorization": f"Bearer {fleet.admin_token}"},
+        )
+        assert closed.status == 200, closed
         new = await api.put_rule(first, TARGET, c.body["token"], "c.1", {"by": "c"})
         assert new.status in OK, new
         upstream = await api.upstream_effects()
