@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from tests.integration.replicas.conftest import Api, Fleet, Proxy, api_for, call, eventually
 from tests.pgstandby import StandbyPair
@@ -36,6 +37,17 @@ def pair() -> Iterator[StandbyPair]:
         yield started
 
 
+def one_connection_replica(fleet: Fleet, name: str, store_url: str) -> Proxy:
+    """A replica whose pool holds one connection: the one it reconnects with while the
+    standby is in recovery is the one it goes on with once it is promoted (a larger
+    pool may open a fresh one after the promotion, which hides nothing)."""
+    config_path, port = fleet.write_config(name, store_url, timeout_s=1.0, settle_s=1.0)
+    config = yaml.safe_load(config_path.read_text())
+    config["store_pool"] = {"min_size": 1, "max_size": 1}
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return fleet.spawn_proxy(name, config_path, port)
+
+
 async def readyz(api: Api, proxy: Proxy) -> tuple[int, dict[str, object] | None]:
     async with api.session.get(f"{proxy.url}/_fence/readyz") as response:
         body = await response.json() if response.status == 200 else None
@@ -46,7 +58,8 @@ async def test_replicas_on_both_servers_recover_when_the_standby_they_reached_is
     pair: StandbyPair, fleet: Fleet
 ) -> None:
     fleet.start_upstream()
-    replicas = fleet.start_replicas(pair.both_url, [None, None], timeout_s=1.0, settle_s=1.0)
+    replicas = [one_connection_replica(fleet, f"r{number}", pair.both_url) for number in (0, 1)]
+    fleet.wait_ready(*replicas)
     first, second = replicas
     async with api_for(fleet) as api:
         a = await api.acquire(first, RESOURCE, "a", TTL_S)
