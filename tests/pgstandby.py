@@ -185,6 +185,12 @@ class StandbyPair:
         replayed is lost), and wait until it takes writes."""
         assert self._dir is not None
         self._run("pg_ctl", "-D", str(self._dir / "standby"), "-w", "promote")
+        # pg_ctl's wait can end before a new session sees the server out of recovery.
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while self._psql(self.standby_port, "SELECT pg_is_in_recovery()") != "f":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the standby was not promoted")
+            time.sleep(0.05)
 
     def start_old_primary(self) -> None:
         """Start the primary stopped by `crash_primary` again, as it was: a primary on its
