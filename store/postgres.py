@@ -11,6 +11,11 @@ that locks and reads (`own_clock`: it answers the time and the store id itself),
 one write, COMMIT; its receipt one statement that is its own transaction
 (`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
 
+Every transaction checks the database's history (store/history.py) in the BEGIN and
+COMMIT messages it sends anyway: a standby in recovery serves none, and a server on
+another timeline than the last seen, or behind the position seen, is recovered from
+(`_recover`, the same fencing as `store fence-restore`) before the transaction runs.
+
 Driver errors are translated here, by what store/sqlstate.py says they mean: nothing
 above the store sees asyncpg.
 """
@@ -57,10 +62,9 @@ _WAL_REFUSED = (
 # Every transaction's BEGIN and COMMIT messages carry the history check (migration
 # 0018): simple-query messages, which return no rows but deliver the position as a
 # notice, so the check costs no round trip. At BEGIN: judged before the transaction's
-# first statement is sent; on a standby in recovery it raises. After COMMIT, in the
-# same message, just before the COMMIT: this transaction's own id, kept once the COMMIT
-# returned, so that a restore that loses it is found on the next transaction, on any
-# connection.
+# first statement is sent; on a standby in recovery it raises. In the COMMIT message,
+# just before the COMMIT: this transaction's own id, kept once the COMMIT returned, so
+# that a restore that loses it is found on the next transaction, on any connection.
 _BEGIN = "BEGIN; SELECT fenceproxy_history_position()"
 _BEGIN_READ_ONLY = "BEGIN READ ONLY; SELECT fenceproxy_history_position()"
 _COMMIT = "SELECT fenceproxy_history_position(); COMMIT"
