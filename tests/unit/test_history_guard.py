@@ -11,6 +11,7 @@ from store.history import (
     advance,
     judge,
     parse_notice,
+    parse_position,
     recovered_on,
 )
 
@@ -85,3 +86,15 @@ def test_a_transaction_id_committed_and_not_yet_issued_again_is_a_restore() -> N
 def test_the_transaction_id_kept_is_the_newest() -> None:
     assert advance(Position(1, 5, 901), Position(1, 6, 0)) == Position(1, 6, 901)
     assert advance(Position(1, 5, 0), Position(1, 6, 950)) == Position(1, 6, 950)
+
+
+def test_a_position_seen_without_an_id_of_its_own_says_nothing_of_ids() -> None:
+    # Nothing committed yet (or kept again after a recovery): no id to compare.
+    assert Position(1, 500).xid == 0
+    assert judge(None, Position(1, 600, 0), Position(1, 500)) is None
+
+
+def test_timelines_and_positions_are_hexadecimal_past_nine() -> None:
+    assert parse_position("0000001F00000001000000FF", "1F/FF000028") == Position(
+        31, (0x1F << 32) + 0xFF000028
+    )
