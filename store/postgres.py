@@ -304,9 +304,8 @@ class PostgresConnector:
         self.pool = pool if pool is not None else StorePool(1, 10)
         self.min_size = self.pool.min_size
         self.max_size = self.pool.max_size
-        self._queries = {
-            name: to_positional(sql) for name, sql in load_queries("postgres.sql").items()
-        }
+        queries = {**load_queries("postgres.sql"), **load_queries("postgres_history.sql")}
+        self._queries = {name: to_positional(sql) for name, sql in queries.items()}
         self._pool: asyncpg.Pool | None = None
         self.round_trips = RoundTrips()
         # The store id seen at open; once a transaction finds another, for good.
