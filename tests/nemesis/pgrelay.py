@@ -318,14 +318,16 @@ class _Link:
 
     async def _on_query(self, text: str, message: bytes) -> bool:
         """A simple query; True when a fault ended the connection."""
-        word = text.strip().rstrip(";").split(None, 1)[0].upper() if text.strip() else ""
-        if word in ("BEGIN", "START"):
+        # One message may hold several statements ("BEGIN; SELECT ...", "SELECT ...;
+        # COMMIT"): a transaction begins with its first and ends with its last.
+        words = [part.split(None, 1)[0].upper() for part in text.split(";") if part.strip()]
+        if words and words[0] in ("BEGIN", "START"):
             self.transaction = [text]
             return False
-        if word in ("ROLLBACK", "ABORT"):
+        if "ROLLBACK" in words or "ABORT" in words:
             self.transaction = None
             return False
-        if word not in ("COMMIT", "END") or self.transaction is None:
+        if not words or words[-1] not in ("COMMIT", "END") or self.transaction is None:
             self._said(text)
             return False
         statements, self.transaction = "\n".join(self.transaction), None
@@ -375,7 +377,9 @@ class _Link:
                 while True:
                     kind, message = await self.diverted.get()
                     answer += message
-                    if kind == b"C" and report.answer_tag is None:
+                    # The last command's tag: a COMMIT may follow other statements in
+                    # its message.
+                    if kind == b"C":
                         report.answer_tag = _text(message[5:])
                         report.committed = report.answer_tag == "COMMIT"
                     if kind == b"Z" or kind == b"":
