@@ -49,13 +49,24 @@ def body_bytes(spec: dict[str, Any]) -> bytes:
     return (unit * (size // len(unit) + 1))[:size]
 
 
+def header_text(spec: str | dict[str, int]) -> str:
+    """A header value from its spec: the text itself, or `size` visible ASCII characters
+    made from `seed` (a long line, e.g. a Content-Security-Policy, is described, not
+    shipped)."""
+    if isinstance(spec, str):
+        return spec
+    size, seed = spec["size"], spec["seed"]
+    unit = "".join(chr(0x21 + (seed + i * 7) % 94) for i in range(97))
+    return (unit * (size // len(unit) + 1))[:size]
+
+
 @dataclass(frozen=True)
 class Script:
     """How to answer one request (all fields from the script's JSON)."""
 
     status: int
     reason: str
-    headers: list[tuple[str, str]]  # names and values as UTF-8 text
+    headers: list[tuple[str, str]]  # names and values as UTF-8 text (`header_text`)
     body: bytes
     framing: str  # "length", "chunked" or "close" (delimited by closing)
     pieces: list[int]  # sizes of the writes, cycled; empty: one write
@@ -68,7 +79,7 @@ class Script:
         return cls(
             status=data["status"],
             reason=data["reason"],
-            headers=[(name, value) for name, value in data["headers"]],
+            headers=[(name, header_text(value)) for name, value in data["headers"]],
             body=body_bytes(data["body"]),
             framing=data["framing"],
             pieces=list(data.get("pieces", [])),
