@@ -176,7 +176,9 @@ _PROBLEMS = {
         "over 40 KiB or 256 lines; the connection is closed",
     ),
     ErrorCode.URI_TOO_LONG: _Problem(
-        414, "Request target too long", "the request target (path and query) is over 8 KiB"
+        414,
+        "Request target too long",
+        "the request target (path and query) is over 8 KiB; the connection is closed",
     ),
     ErrorCode.IDEMPOTENCY_KEY_REUSED: _Problem(
         422,
@@ -229,8 +231,10 @@ _PROBLEMS = {
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,
         "Outcome unknown",
-        "sent, outcome unknown; effect `UNKNOWN`, resource now blocked; on a pass-through "
-        "route, sent and no complete answer (no effect is recorded there)",
+        "sent, outcome unknown: no complete answer, or one whose head the proxy does not read "
+        "(a line over 64 KiB, over 256 header fields); effect `UNKNOWN`, resource now "
+        "blocked; on a pass-through route, the same without an effect (none is recorded "
+        "there)",
     ),
     ErrorCode.EXPECTATION_FAILED: _Problem(
         417,

@@ -102,7 +102,10 @@ def build_app(
     ui.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
-    app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
+    # `[\s\S]`, not `.`: the router matches the decoded path, where `%0A` is a newline.
+    app.router.add_route(
+        "*", r"/{tail:(?!_fence/)[\s\S]*}", proxy_handler, expect_handler=defer_continue
+    )
     return app
 
 
@@ -326,6 +329,10 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
         runtime.requests_in_flight -= 1
 
 
+# A head refused by the exact checks on what the parser made of it closes its connection.
+_HEAD_REFUSALS = frozenset({ErrorCode.HEADERS_TOO_LARGE, ErrorCode.URI_TOO_LONG})
+
+
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every refusal is problem+json; an unexpected error is still one, never a bare 500."""
@@ -343,7 +350,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
         if exc.code is ErrorCode.REQUEST_TIMEOUT:
             return await _answer_and_close(request, exc.response())
-        return exc.response()
+        response = exc.response()
+        if exc.code in _HEAD_REFUSALS:
+            # As when the head counter refuses it (proxy/connections.py): Connection:
+            # close, the unread body read and dropped (aiohttp's lingering), then closed.
+            response.force_close()
+        return response
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
         # Counted, not recorded: the store is what does not answer.

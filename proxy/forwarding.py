@@ -51,6 +51,14 @@ NOT_REPLAYED = frozenset({"set-cookie"})
 _AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 REPLAY_BODY_LIMIT = 1_048_576
 UPSTREAM_BODY_LIMIT = 16 * 1_048_576
+# An upstream answer's head, as aiohttp's response parser reads it: the status line and
+# each header line (name and value) up to 64 KiB, at most 256 header fields, so at most
+# 16 MiB in all, like the body. aiohttp's defaults (8190 bytes a line, 128 fields) made
+# an ordinary long Content-Security-Policy or Set-Cookie a lost answer, and a committed
+# write an UNKNOWN effect. A head over these is still an answer the upstream gave (the
+# write may have been applied): it is treated as a lost one, `504 outcome_unknown`.
+ANSWER_LINE_LIMIT = 65_536
+ANSWER_FIELDS_LIMIT = 256
 
 
 def proxy_owned(name: str) -> bool:
@@ -71,6 +79,9 @@ def new_client_session(
         # by the upstream in its answer) to the next worker's requests.
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=_AUTO_HEADERS,
+        max_line_size=ANSWER_LINE_LIMIT,
+        max_field_size=ANSWER_LINE_LIMIT,
+        max_headers=ANSWER_FIELDS_LIMIT,
     )
     # Forward at most once: aiohttp otherwise re-sends GET/PUT/DELETE/... when a
     # pooled connection fails, and the first attempt may already have landed.

@@ -1,5 +1,5 @@
 """Heads at their limits and request targets with any encoded byte, against real processes
-(docs/reference/wire.md, "Heads and targets"; the stack of tests/wire/conftest.py).
+(docs/reference/wire.md, "Bodies, heads and limits"; the stack of tests/wire/conftest.py).
 
 1. An upstream answer whose head is within the documented limits (64 KiB a header
    line, 256 header fields) passes as it came; over them it is still an answer the
@@ -73,6 +73,11 @@ def line_length(name: str, value_size: int) -> int:
 )
 @example(long_lines=[("Set-Cookie", 9_000, 0)], short_fields=0, status=200, fenced=False)
 @example(long_lines=[("X-Long", 70_000, 0)], short_fields=0, status=201, fenced=True)
+# at the limits: a line of exactly 64 KiB, one byte more; 256 fields, one more
+@example(long_lines=[("X-Long", 65_528, 0)], short_fields=0, status=200, fenced=True)
+@example(long_lines=[("X-Long", 65_531, 0)], short_fields=0, status=200, fenced=True)
+@example(long_lines=[("X-Long", 9_000, 0)], short_fields=254, status=200, fenced=False)
+@example(long_lines=[("X-Long", 9_000, 0)], short_fields=255, status=200, fenced=True)
 def test_answer_heads_pass_within_the_limits_and_are_unknown_over_them(
     wire: WireStack,
     long_lines: list[tuple[str, int, int]],
