@@ -80,7 +80,7 @@ _PROBLEMS = {
         "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`, a request target that "
         "is not a path, a `Connection` header naming `Idempotency-Key`, `Fence-*`, "
         "`Content-Length` or `Transfer-Encoding`, a fenced path with empty, `.` or `..` "
-        "segments, JSON nested too deeply",
+        "segments or a NUL (`%00`), JSON nested too deeply",
     ),
     ErrorCode.MISSING_IDEMPOTENCY_KEY: _Problem(
         400, "Idempotency-Key required", "the route requires one"
@@ -232,7 +232,7 @@ _PROBLEMS = {
         504,
         "Outcome unknown",
         "sent, outcome unknown: no complete answer, or one whose head the proxy does not read "
-        "(a line over 64 KiB, over 256 header fields); effect `UNKNOWN`, resource now "
+        "(a header field over 64 KiB, over 256 fields); effect `UNKNOWN`, resource now "
         "blocked; on a pass-through route, the same without an effect (none is recorded "
         "there)",
     ),

@@ -380,6 +380,8 @@ def expected_refusals(request: WorkerRequest) -> list[tuple[str, str]]:
     path = unquote(request.target.partition(b"?")[0].decode())
     if path.startswith("/f/") and any(s in ("", ".", "..") for s in path.split("/")[1:]):
         refusals.append(("dot_segments_refused", "invalid_request"))  # one object, one resource
+    if path.startswith("/f/") and "\x00" in path:
+        refusals.append(("nul_refused", "invalid_request"))  # no store could record it
     for _, value in request.headers:
         try:
             value.decode("utf-8")
