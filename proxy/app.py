@@ -322,7 +322,7 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
                 "is in doubt: UNKNOWN, its resource blocked)",
                 runtime.grace_s,
                 request.method,
-                request.path,
+                _logged(request),
             )
         raise
     finally:
@@ -384,13 +384,19 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise
         answer = http_error_problem(exc)
         if answer.status != exc.status:
-            log.error("unexpected HTTP %d on %s %s", exc.status, request.method, request.path)
+            log.error("unexpected HTTP %d on %s %s", exc.status, request.method, _logged(request))
         return answer
     except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+        log.exception("unexpected error on %s %s", request.method, _logged(request))
         return problem(
             ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
         )
+
+
+def _logged(request: web.Request) -> str:
+    """The path as sent, percent-encodings kept (decoded, a `%0A` would start a forged
+    log line), without the query (which may carry a secret)."""
+    return request.rel_url.raw_path
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
@@ -494,7 +500,7 @@ def _cut(
     the worker's connection went): break the worker's connection off, so that it sees a
     cut, never a short body that looks whole (returning normally would end the chunked
     body properly)."""
-    log.warning("the answer to %s %s was cut: %s", request.method, request.path, exc)
+    log.warning("the answer to %s %s was cut: %s", request.method, _logged(request), exc)
     runtime.metrics.count_request(route, "cut")
     if request.transport is not None:
         request.transport.abort()

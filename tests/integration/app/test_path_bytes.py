@@ -5,6 +5,13 @@ the probe) (docs/reference/wire.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from policies import parse_policy
@@ -20,6 +27,7 @@ from tests.integration.app.conftest import (
     json_body,
     policy_yaml,
 )
+from tests.integration.app.test_wire import Answer, ScriptedUpstream, answer
 
 
 async def test_a_refused_path_holding_a_nul_is_counted_like_any_other(
@@ -58,3 +66,29 @@ async def test_a_fenced_path_holding_a_nul_is_refused_and_nothing_recorded(
         "/_fence/v1/effects", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
     )
     assert (await json_body(effects))["effects"] == []
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[ScriptedUpstream]:
+    scripted = ScriptedUpstream()
+    server = await asyncio.start_server(scripted.handle, "127.0.0.1", 0)
+    scripted.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield scripted
+        server.close()
+
+
+async def test_a_logged_path_is_the_path_as_sent_so_an_encoded_newline_forges_no_line(
+    make_fence: FenceFactory, upstream: ScriptedUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    fence = await make_fence(upstream_url=upstream.url, timeout_s=5)
+    whole = answer("200 OK", b"q" * 1000, piece=300)
+    upstream.will_answer(Answer(whole.head, whole.pieces[:2], cut=True))
+    with caplog.at_level(logging.WARNING, logger="fenceproxy"):
+        response = await fence.client.get("/orders/a%0A2026-01-01 ERROR forged?q=secret")
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            async with asyncio.timeout(5):
+                await response.read()
+    [cut] = [r.getMessage() for r in caplog.records if "was cut" in r.getMessage()]
+    assert "/orders/a%0A2026-01-01%20ERROR%20forged" in cut
+    assert "\n" not in cut and "secret" not in cut
