@@ -267,8 +267,12 @@ async def _answer(writer: asyncio.StreamWriter, script: Script, head_only: bool)
         head += b"Transfer-Encoding: chunked\r\n"
         payload = _chunked(body, script.pieces) if not head_only else b""
     else:
-        head += b"Connection: close\r\n"
         payload = body
+    if script.framing == "close" or script.misbehave is not None:
+        # Said, so that the proxy never sends its next request on a connection this
+        # upstream is closing (a cut with nothing to cut is a whole answer, and would
+        # otherwise leave the connection in the proxy's pool, closed under it).
+        head += b"Connection: close\r\n"
     head += b"\r\n"
     if script.misbehave == "cut" and payload:
         # A cut leaves at least one byte out: the framing says the body is not over.
