@@ -83,13 +83,13 @@ wheel: $(STAMP)
 image: wheel
 	$(PY) -m devtools.image
 
-# The wire's differential test (tests/wire) as a long search: FUZZ examples in all,
-# shared by its four properties, against one recording upstream and one proxy.
+# The wire's properties (tests/wire) as a long search: FUZZ examples in all, shared by
+# its seven properties, against a recording upstream and a proxy per module.
 # Hypothesis's database is kept in .hypothesis/wire-fuzz between runs, so a failure
 # found once is tried first next time. `make test` runs a few hundred.
 FUZZ ?= 100000
 fuzz-http: $(STAMP)
-	WIRE_EXAMPLES=$$(( ($(FUZZ) + 3) / 4 )) WIRE_DATABASE=.hypothesis/wire-fuzz WIRE_TIMEOUT_S=0 \
+	WIRE_EXAMPLES=$$(( ($(FUZZ) + 6) / 7 )) WIRE_DATABASE=.hypothesis/wire-fuzz WIRE_TIMEOUT_S=0 \
 		$(VENV)/bin/pytest tests/wire -p no:cacheprovider -q
 
 clean:

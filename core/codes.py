@@ -81,7 +81,7 @@ _PROBLEMS = {
         "`Fence-Token`/`Idempotency-Key`, malformed `Idempotency-Key`, a request target that "
         "is not a path, a `Connection` header naming `Idempotency-Key`, `Fence-*`, "
         "`Content-Length` or `Transfer-Encoding`, a fenced path with empty, `.` or `..` "
-        "segments, JSON nested too deeply",
+        "segments or a NUL (`%00`), JSON nested too deeply",
     ),
     ErrorCode.MISSING_IDEMPOTENCY_KEY: _Problem(
         400, "Idempotency-Key required", "the route requires one"
@@ -184,7 +184,9 @@ _PROBLEMS = {
         "over 40 KiB or 256 lines; the connection is closed",
     ),
     ErrorCode.URI_TOO_LONG: _Problem(
-        414, "Request target too long", "the request target (path and query) is over 8 KiB"
+        414,
+        "Request target too long",
+        "the request target (path and query) is over 8 KiB; the connection is closed",
     ),
     ErrorCode.IDEMPOTENCY_KEY_REUSED: _Problem(
         422,
@@ -254,8 +256,10 @@ _PROBLEMS = {
     ErrorCode.OUTCOME_UNKNOWN: _Problem(
         504,
         "Outcome unknown",
-        "sent, outcome unknown; effect `UNKNOWN`, resource now blocked; on a pass-through "
-        "route, sent and no complete answer (no effect is recorded there)",
+        "sent, outcome unknown: no complete answer, or one whose head the proxy does not read "
+        "(a header field over 64 KiB, over 256 fields); effect `UNKNOWN`, resource now "
+        "blocked; on a pass-through route, the same without an effect (none is recorded "
+        "there)",
     ),
     ErrorCode.EXPECTATION_FAILED: _Problem(
         417,

@@ -177,7 +177,10 @@ TRUNCATED_MARK = "…"
 
 
 def stored_path(path: str) -> str:
-    """`path` as a rejection stores it: at most STORED_PATH_CHARS, then the mark."""
+    """`path` as a rejection stores it: at most STORED_PATH_CHARS, then the mark. A NUL
+    (from `%00`) is kept as it came, `%00`: PostgreSQL's text cannot hold one (the
+    batch of counts would fail with it) and SQLite's cuts the path there."""
+    path = path.replace("\x00", "%00")
     if len(path) <= STORED_PATH_CHARS:
         return path
     return path[:STORED_PATH_CHARS] + TRUNCATED_MARK

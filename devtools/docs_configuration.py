@@ -147,7 +147,8 @@ CONFIGURATION: dict[str, Key] = {
     ),
     "routes[].match.path": Key(
         "`{name}` one segment; `{name:int}`, `{name:uuid}`; `{name:REGEX}` (may span "
-        "segments, e.g. `{rest:.*}`); matched against the decoded path",
+        "segments, e.g. `{rest:.*}`); matched against the decoded path, where a regex's "
+        "`.` matches any character (a newline from `%0A` too)",
         "required",
     ),
     "routes[].resource": Key(

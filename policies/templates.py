@@ -60,7 +60,10 @@ class PathTemplate:
         _check_path_literal(raw[position:])
         regex.append(re.escape(raw[position:]))
         pieces.append(raw[position:])
-        return cls(raw, re.compile("".join(regex) + r"\Z"), tuple(params), tuple(pieces))
+        # DOTALL: the path is matched decoded, and a path has no lines: `%0A` is a
+        # newline that `{rest:.*}` must take like any other character.
+        pattern = re.compile("".join(regex) + r"\Z", re.DOTALL)
+        return cls(raw, pattern, tuple(params), tuple(pieces))
 
     def match(self, path: str) -> dict[str, str] | None:
         found = self.pattern.match(path)

@@ -103,7 +103,10 @@ def build_app(
     ui.add_routes(app)
     # Everything but the control API: a control path with a wrong method is then the
     # router's own 405 (with Allow), an unknown one its 404, instead of "no route".
-    app.router.add_route("*", "/{tail:(?!_fence/).*}", proxy_handler, expect_handler=defer_continue)
+    # `[\s\S]`, not `.`: the router matches the decoded path, where `%0A` is a newline.
+    app.router.add_route(
+        "*", r"/{tail:(?!_fence/)[\s\S]*}", proxy_handler, expect_handler=defer_continue
+    )
     return app
 
 
@@ -326,11 +329,15 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
                 "is in doubt: UNKNOWN, its resource blocked)",
                 runtime.grace_s,
                 request.method,
-                request.path,
+                _logged(request),
             )
         raise
     finally:
         runtime.requests_in_flight -= 1
+
+
+# A head refused by the exact checks on what the parser made of it closes its connection.
+_HEAD_REFUSALS = frozenset({ErrorCode.HEADERS_TOO_LARGE, ErrorCode.URI_TOO_LONG})
 
 
 @web.middleware
@@ -350,7 +357,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
         if exc.close:
             return await _answer_and_close(request, exc.response())
-        return exc.response()
+        response = exc.response()
+        if exc.code in _HEAD_REFUSALS:
+            # As when the head counter refuses it (proxy/connections.py): Connection:
+            # close, the unread body read and dropped (aiohttp's lingering), then closed.
+            response.force_close()
+        return response
     except StoreUnavailable as exc:
         log.error("store unavailable: %s", exc)
         # Counted, not recorded: the store is what does not answer.
@@ -385,13 +397,19 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise
         answer = http_error_problem(exc)
         if answer.status != exc.status:
-            log.error("unexpected HTTP %d on %s %s", exc.status, request.method, request.path)
+            log.error("unexpected HTTP %d on %s %s", exc.status, request.method, _logged(request))
         return answer
     except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+        log.exception("unexpected error on %s %s", request.method, _logged(request))
         return problem(
             ErrorCode.INTERNAL_ERROR, "the proxy failed unexpectedly; nothing was forwarded"
         )
+
+
+def _logged(request: web.Request) -> str:
+    """The path as sent, percent-encodings kept (decoded, a `%0A` would start a forged
+    log line), without the query (which may carry a secret)."""
+    return request.rel_url.raw_path
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
@@ -495,7 +513,7 @@ def _cut(
     the worker's connection went): break the worker's connection off, so that it sees a
     cut, never a short body that looks whole (returning normally would end the chunked
     body properly)."""
-    log.warning("the answer to %s %s was cut: %s", request.method, request.path, exc)
+    log.warning("the answer to %s %s was cut: %s", request.method, _logged(request), exc)
     runtime.metrics.count_request(route, "cut")
     if request.transport is not None:
         request.transport.abort()

@@ -53,6 +53,14 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             "the path of a fenced route may not have empty, '.' or '..' segments",
             route=route.name,
         )
+    if "\x00" in request.path:
+        # The effect keeps its path (the probe's parameters are read from it), and
+        # PostgreSQL's text cannot hold a NUL: refused on every store alike.
+        raise ProblemError(
+            ErrorCode.INVALID_REQUEST,
+            "the path of a fenced route may not hold a NUL (%00)",
+            route=route.name,
+        )
     refused = route.resource.refused_value(match.params)
     if refused is not None:
         # A value that holds the template's own separators could pass for another

@@ -55,6 +55,21 @@ NOT_REPLAYED = frozenset({"set-cookie"})
 _AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 REPLAY_BODY_LIMIT = 1_048_576
 UPSTREAM_BODY_LIMIT = 16 * 1_048_576
+# An upstream answer's head, as the proxy reads it: the status line, and each header
+# field's name and value together, up to 64 KiB; at most 256 header fields (so at most
+# 16 MiB in all, like the body). aiohttp's defaults (8190 bytes a line, 128 fields)
+# made an ordinary long Content-Security-Policy or Set-Cookie a lost answer, and a
+# committed write an UNKNOWN effect. A head over these is still an answer the upstream
+# gave (the write may have been applied): it is treated as a lost one (AnswerHeadTooLarge).
+ANSWER_LINE_LIMIT = 65_536
+ANSWER_FIELDS_LIMIT = 256
+# aiohttp's parsers draw their line limit a few bytes either side of where they are
+# told, depending on how the line arrived, and count the status line among the
+# fields: they are set past the limits, which `_answer_head_within_limits` then checks
+# exactly on what they read.
+_PARSER_LINE_LIMIT = ANSWER_LINE_LIMIT + 1024
+_PARSER_FIELDS_LIMIT = ANSWER_FIELDS_LIMIT + 8
+_STATUS_LINE_START = len("HTTP/1.1 200 ")
 
 
 def proxy_owned(name: str) -> bool:
@@ -124,6 +139,9 @@ def new_client_session(
         # by the upstream in its answer) to the next worker's requests.
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=_AUTO_HEADERS,
+        max_line_size=_PARSER_LINE_LIMIT,
+        max_field_size=_PARSER_LINE_LIMIT,
+        max_headers=_PARSER_FIELDS_LIMIT,
     )
     # Forward at most once: aiohttp otherwise re-sends GET/PUT/DELETE/... when a
     # pooled connection fails, and the first attempt may already have landed.
@@ -259,8 +277,52 @@ async def _unframed(
     return await handler(request)
 
 
+class AnswerHeadTooLarge(aiohttp.ClientResponseError):
+    """The upstream answered with a head over the proxy's limits: it is not read, and
+    it is not "nothing was sent" either (a ClientError after sending: a fenced write's
+    effect is UNKNOWN, a pass-through request `504 outcome_unknown`)."""
+
+
+def answer_head_problem(
+    reason: str | None, raw_headers: tuple[tuple[bytes, bytes], ...]
+) -> str | None:
+    """What makes an answer's head go past the limits, if anything does."""
+    if len(raw_headers) > ANSWER_FIELDS_LIMIT:
+        return f"{len(raw_headers)} header fields (at most {ANSWER_FIELDS_LIMIT} are read)"
+    if _STATUS_LINE_START + len((reason or "").encode()) > ANSWER_LINE_LIMIT:
+        return f"a status line over {ANSWER_LINE_LIMIT} bytes"
+    for name, value in raw_headers:
+        if len(name) + len(value) > ANSWER_LINE_LIMIT:
+            return (
+                f"header {name[:64].decode('latin-1')} with {len(name) + len(value)} bytes "
+                f"of name and value (at most {ANSWER_LINE_LIMIT} are read)"
+            )
+    return None
+
+
+async def _answer_head_within_limits(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    response = await handler(request)
+    problem = answer_head_problem(response.reason, response.raw_headers)
+    if problem is not None:
+        response.close()  # its body unread: the connection cannot serve another request
+        raise AnswerHeadTooLarge(
+            response.request_info,
+            (),
+            status=response.status,
+            message=f"the upstream answered {response.status} with a head the proxy does "
+            f"not read: {problem}; the request may have been applied",
+        )
+    return response
+
+
 def framing_middlewares(data: bytes | None) -> tuple[aiohttp.ClientMiddlewareType, ...]:
-    return (_unframed,) if data is None else ()
+    """The client middlewares of every forwarded request, fenced and pass-through: the
+    answer head's limits, and no framing header on a request that had none."""
+    if data is None:
+        return (_answer_head_within_limits, _unframed)
+    return (_answer_head_within_limits,)
 
 
 def sent_nothing(exc: BaseException) -> bool:

@@ -57,6 +57,13 @@ def test_regex_parameter_may_span_segments() -> None:
     assert template.match("/file") is None
 
 
+def test_a_regex_dot_matches_any_character_of_the_decoded_path() -> None:
+    # A path has no lines: "%0A" decodes to a newline, which is one more character.
+    template = PathTemplate.parse("/files/{rest:.*}")
+    assert template.match("/files/a\nb\r\x00") == {"rest": "a\nb\r\x00"}
+    assert PathTemplate.parse("/files/{name}").match("/files/a\nb") == {"name": "a\nb"}
+
+
 def test_regex_parameter_is_anchored_at_the_end() -> None:
     template = PathTemplate.parse("/v/{n:[0-9]+}")
     assert template.match("/v/12") == {"n": "12"}

@@ -110,6 +110,27 @@ def exchange(port: int, request: WorkerRequest, timeout_s: float = 30.0) -> Work
         return read_answer(Connection(sock), request.method == "HEAD")
 
 
+def exchange_then_follow(
+    port: int, request: WorkerRequest, follow: WorkerRequest, timeout_s: float = 30.0
+) -> tuple[WorkerAnswer, WorkerAnswer | None]:
+    """Send `request` and read its answer; then, if the proxy did not say it closes,
+    `follow` on the same connection. The second answer is None when the proxy closed
+    the connection after the first: its end is read (bounded by `timeout_s`), so a
+    connection left open fails as a timeout, never passes by luck."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            _send(sock, request.wire_bytes(), request.pieces, request.pause_s)
+        connection = Connection(sock)
+        first = read_answer(connection, request.method == "HEAD")
+        if b"close" in [value.lower() for value in first.header("Connection")]:
+            while not connection.closed:
+                connection.fill(len(connection.buffer) + 1)
+            return first, None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(follow.wire_bytes())
+        return first, read_answer(connection, follow.method == "HEAD")
+
+
 def _send(sock: socket.socket, data: bytes, pieces: tuple[int, ...], pause_s: float) -> None:
     if not pieces:
         sock.sendall(data)

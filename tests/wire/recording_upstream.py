@@ -49,13 +49,24 @@ def body_bytes(spec: dict[str, Any]) -> bytes:
     return (unit * (size // len(unit) + 1))[:size]
 
 
+def header_text(spec: str | dict[str, int]) -> str:
+    """A header value from its spec: the text itself, or `size` visible ASCII characters
+    made from `seed` (a long line, e.g. a Content-Security-Policy, is described, not
+    shipped)."""
+    if isinstance(spec, str):
+        return spec
+    size, seed = spec["size"], spec["seed"]
+    unit = "".join(chr(0x21 + (seed + i * 7) % 94) for i in range(97))
+    return (unit * (size // len(unit) + 1))[:size]
+
+
 @dataclass(frozen=True)
 class Script:
     """How to answer one request (all fields from the script's JSON)."""
 
     status: int
     reason: str
-    headers: list[tuple[str, str]]  # names and values as UTF-8 text
+    headers: list[tuple[str, str]]  # names and values as UTF-8 text (`header_text`)
     body: bytes
     framing: str  # "length", "chunked" or "close" (delimited by closing)
     pieces: list[int]  # sizes of the writes, cycled; empty: one write
@@ -68,7 +79,7 @@ class Script:
         return cls(
             status=data["status"],
             reason=data["reason"],
-            headers=[(name, value) for name, value in data["headers"]],
+            headers=[(name, header_text(value)) for name, value in data["headers"]],
             body=body_bytes(data["body"]),
             framing=data["framing"],
             pieces=list(data.get("pieces", [])),
@@ -256,8 +267,12 @@ async def _answer(writer: asyncio.StreamWriter, script: Script, head_only: bool)
         head += b"Transfer-Encoding: chunked\r\n"
         payload = _chunked(body, script.pieces) if not head_only else b""
     else:
-        head += b"Connection: close\r\n"
         payload = body
+    if script.framing == "close" or script.misbehave is not None:
+        # Said, so that the proxy never sends its next request on a connection this
+        # upstream is closing (a cut with nothing to cut is a whole answer, and would
+        # otherwise leave the connection in the proxy's pool, closed under it).
+        head += b"Connection: close\r\n"
     head += b"\r\n"
     if script.misbehave == "cut" and payload:
         # A cut leaves at least one byte out: the framing says the body is not over.
