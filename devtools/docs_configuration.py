@@ -331,4 +331,9 @@ ENVIRONMENT: dict[str, str] = {
         "used (default: the SQLite database's folder, or for PostgreSQL the policy file's)"
     ),
     "FENCEPROXY_LOG_LEVEL": "`serve`'s log level (`DEBUG`, `INFO`, `WARNING`...); default `INFO`",
+    "FENCEPROXY_FAILPOINTS": (
+        "for tests only: named places where `serve` stops itself (SIGSTOP), comma-separated "
+        "(`admitted`, `before_send`, `sent`; `NAME:once` stops there the first time only); "
+        "default: none. See Contributing, failpoints"
+    ),
 }

@@ -16,7 +16,7 @@ from typing import Any
 
 from policies import Policy, load_policy
 from policies.tls import server_context
-from proxy import connections
+from proxy import connections, failpoints
 from proxy.app import build_app, default_instance_id
 from proxy.auth import (
     KeyProblem,
@@ -50,6 +50,11 @@ def server_options(policy: Policy) -> dict[str, Any]:
 
 def serve(args: argparse.Namespace) -> int:
     policy = policy_of(args)
+    try:
+        # Read once: a test pauses a replica at a named place (proxy/failpoints.py).
+        paused_at = failpoints.configure(os.environ)
+    except failpoints.FailpointError as exc:
+        raise CommandError(str(exc)) from None
     # Two replicas on one host differ only in their listener: one file serves both.
     listen = dataclasses.replace(
         policy.listen,
@@ -87,6 +92,13 @@ def serve(args: argparse.Namespace) -> int:
     for warning in [exposure_warning(policy), *blank_admin_token_warnings(policy, os.environ)]:
         if warning is not None:
             print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)
+    if paused_at:
+        print(
+            f"fenceproxy: warning: {failpoints.ENV} stops this process (SIGSTOP) at "
+            f"{', '.join(sorted(paused_at))}: for tests only",
+            file=sys.stderr,
+            flush=True,
+        )
     admin_tokens = sum(bool(token) for token in (admin_token, admin_token_next))
     clients = len(policy.auth.clients) if policy.auth is not None else 0
     tls = policy.listen.tls

@@ -24,7 +24,7 @@ from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
 from core.probing import Conclusion
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
 from policies import RESOURCE_RE, Route, RouteMatch
-from proxy import forwarding
+from proxy import failpoints, forwarding
 from proxy.auth import CREDENTIALS
 from proxy.problems import ProblemError, problem, refusal_response
 from proxy.requests import (
@@ -195,6 +195,7 @@ async def _ask_about_unknown_key(
 async def _dispatch_admitted(
     request: web.Request, match: RouteMatch, runtime: Runtime, admitted: Admitted, body: bytes
 ) -> web.StreamResponse:
+    failpoints.reach(failpoints.ADMITTED)
     route = match.route
     effect = admitted.effect
     fence = {
@@ -226,6 +227,7 @@ async def _dispatch_admitted(
             forwarding.upstream_body(request, body),
         )
         runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
+        failpoints.reach(failpoints.SENT)
     if isinstance(result, Lost) and runtime.shutting_down:
         result = Lost("the proxy shut down (grace period over) before the answer arrived")
     event, reason = receipt_event(result, route.outcomes)

@@ -19,6 +19,7 @@ from yarl import URL
 from core.outcomes import Answered, DispatchResult, Lost, NotSent
 from policies import Upstream
 from policies.tls import upstream_context
+from proxy import failpoints
 from proxy.auth import Credentials
 
 # RFC 9110 §7.6.1 and the older proxy headers. Not "trailers": a header of that name
@@ -58,12 +59,25 @@ def proxy_owned(name: str) -> bool:
     return name.lower().startswith("fence-")
 
 
+class FencedRequest(aiohttp.ClientRequest):
+    """A fenced request: `send` runs once the connection is had, before the request's
+    first byte is written (aiohttp buffers the head until the body or the end is
+    written, both inside `send`)."""
+
+    async def send(self, conn: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        failpoints.reach(failpoints.BEFORE_SEND)
+        return await super().send(conn)
+
+
 def new_client_session(
-    limit: int = 512, tls: ssl.SSLContext | bool = True
+    limit: int = 512,
+    tls: ssl.SSLContext | bool = True,
+    request_class: type[aiohttp.ClientRequest] = aiohttp.ClientRequest,
 ) -> aiohttp.ClientSession:
     """A session of at most `limit` upstream connections; `tls` verifies https ones
     (True: aiohttp's default, the system's trust store)."""
     session = aiohttp.ClientSession(
+        request_class=request_class,
         connector=aiohttp.TCPConnector(limit=limit, ssl=tls, enable_cleanup_closed=True),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None),
@@ -90,7 +104,8 @@ class UpstreamPools:
 
     def __init__(self, upstreams: Iterable[Upstream]) -> None:
         self._fenced = {
-            u.name: new_client_session(u.pool.fenced, upstream_context(u)) for u in upstreams
+            u.name: new_client_session(u.pool.fenced, upstream_context(u), FencedRequest)
+            for u in upstreams
         }
         self._pass_through = {
             u.name: new_client_session(u.pool.pass_through, upstream_context(u)) for u in upstreams

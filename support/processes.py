@@ -129,6 +129,27 @@ class ManagedProcess:
     def resume(self) -> None:
         self._popen.send_signal(signal.SIGCONT)
 
+    def is_stopped(self) -> bool:
+        """Whether the child is stopped by a signal (state `T` in /proc/PID/stat), e.g.
+        by itself at a failpoint (proxy/failpoints.py)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        # The state follows the command name, which is in parentheses and may hold any.
+        return stat[stat.rindex(")") + 2 :].startswith("T")
+
+    def wait_stopped(self, timeout_s: float = 15.0) -> None:
+        """Poll until the child has stopped itself; raise ProcessFailed if it dies or
+        time is up."""
+        deadline = time.monotonic() + timeout_s
+        while not self.is_stopped():
+            if not self.is_running():
+                raise self.failure(f"exited with status {self.returncode} before it stopped")
+            if time.monotonic() > deadline:
+                raise self.failure(f"not stopped after {timeout_s:g} s")
+            time.sleep(POLL_INTERVAL_S)
+
     def kill(self) -> None:
         """SIGKILL: the child gets no chance to clean up, like a crash."""
         if self.is_running():

@@ -1,0 +1,77 @@
+"""Named pause points on the fenced request path, for tests that pause a replica at an
+exact place with real processes.
+
+`FENCEPROXY_FAILPOINTS` names the enabled points, comma-separated; `NAME:once` fires
+only the first time that point is reached. `serve` reads it once as it starts. At an
+enabled point the process stops itself (SIGSTOP), as a GC or VM pause would stop it,
+so the test knows where it is paused (/proc/PID/stat says `T`) and goes on with
+SIGCONT. Off (the variable unset or empty), each point costs one frozenset test.
+
+The points, in the order a fenced request reaches them:
+
+* `admitted`: the admission's COMMIT answer has arrived (the effect is DISPATCHING),
+  before anything else is done.
+* `before_send`: the send deadline was checked and passed and the upstream connection
+  is had, right before the request's first byte is written.
+* `sent`: the upstream's answer was read, before its receipt is written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+
+ENV = "FENCEPROXY_FAILPOINTS"
+ADMITTED = "admitted"
+BEFORE_SEND = "before_send"
+SENT = "sent"
+NAMES = frozenset({ADMITTED, BEFORE_SEND, SENT})
+ONCE = "once"
+
+# What is enabled, and of it what fires only once: set by `configure`, as `serve` starts.
+_enabled: frozenset[str] = frozenset()
+_once: frozenset[str] = frozenset()
+
+
+class FailpointError(ValueError):
+    """`FENCEPROXY_FAILPOINTS` names a point that does not exist, or a bad modifier."""
+
+
+def parse(spec: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The enabled points and those of them that fire once, from the variable's value."""
+    enabled: set[str] = set()
+    every_time: set[str] = set()
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, modifier = item.partition(":")
+        if name not in NAMES:
+            raise FailpointError(
+                f"{ENV}: no failpoint {name!r} (there are: {', '.join(sorted(NAMES))})"
+            )
+        if sep and modifier != ONCE:
+            raise FailpointError(f"{ENV}: {item!r}: the only modifier is ':{ONCE}'")
+        enabled.add(name)
+        if not sep:
+            every_time.add(name)
+    # Named both with ':once' and without, a point fires every time.
+    return frozenset(enabled), frozenset(enabled - every_time)
+
+
+def configure(environ: Mapping[str, str]) -> frozenset[str]:
+    """Read `FENCEPROXY_FAILPOINTS` (once, as the process starts); the enabled points."""
+    global _enabled, _once
+    _enabled, _once = parse(environ.get(ENV, ""))
+    return _enabled
+
+
+def reach(name: str) -> None:
+    """The request is at point `name`: stop this process here if the point is enabled."""
+    global _enabled
+    if name not in _enabled:
+        return
+    if name in _once:
+        _enabled = _enabled - {name}
+    os.kill(os.getpid(), signal.SIGSTOP)
