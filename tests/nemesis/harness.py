@@ -23,10 +23,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from proxy import failpoints
 from tests import pg
 from tests.integration.replicas.conftest import Answer, Fleet, Proxy, call
 from tests.nemesis.judge import (
@@ -39,6 +41,8 @@ from tests.nemesis.judge import (
     judge,
     resource_of,
 )
+from tests.nemesis.patroni import PatroniCluster
+from tests.nemesis.pgrelay import Action, PgRelay
 from tests.nemesis.schedule import Fault, FaultKind, Op, OpKind, Schedule, make_schedule
 from tests.pgstandby import StandbyPair
 
@@ -50,17 +54,18 @@ REQUEST_TIMEOUT_S = 6.0
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, connect=2)
 ACQUIRE_ATTEMPTS = 6
 SETTLE_PHASE_S = 25.0
-START_TIMEOUT_S = 30.0
+# How long the nemesis waits for the transaction a relay fault is armed for.
+RELAY_WAIT_S = 3.0
 # Refusals after which the worker's token is no good: it takes a new lease.
 LOST_LEASE = frozenset({"stale_epoch", "lease_expired", "invalid_token", "lease_too_short"})
 # Refusals that forwarded nothing; `store_unavailable` only without an effect (before
-# dispatch), `upstream_unreachable` says so of its effect.
+# dispatch), `upstream_unreachable` says so of its effect. Not `conflicting_evidence`:
+# it also answers a request that was sent, whose answer contradicts a settled state.
 NOTHING_SENT = LOST_LEASE | {
     "resource_blocked",
     "effect_in_flight",
     "request_in_progress",
     "recovery_window",
-    "conflicting_evidence",
     "idempotency_key_reused",
     "rate_limited",
     "overloaded",
@@ -124,12 +129,17 @@ class Lease:
 
 
 class Cluster:
-    """The replicas a worker may call, as they are now (a killed one is replaced)."""
+    """The replicas a worker may call, as they are now (a killed one is replaced), and
+    the relay in front of their database, if any."""
 
-    def __init__(self, fleet: Fleet, replicas: list[Proxy]) -> None:
+    def __init__(self, fleet: Fleet, replicas: list[Proxy], relay: PgRelay | None) -> None:
         self.fleet = fleet
         self.replicas = replicas
+        self.relay = relay
         self.down: set[int] = set()
+        # Replicas stopped at a failpoint, or armed for one, and the task that continues them.
+        self.watchers: list[asyncio.Task[None]] = []
+        self.armed: set[int] = set()  # started with a failpoint that has not fired yet
 
     def url(self, index: int) -> str:
         return self.replicas[index].url
@@ -138,12 +148,57 @@ class Cluster:
         self.down.add(index)
         self.replicas[index].process.kill()
 
-    async def restart(self, index: int) -> None:
+    async def restart(self, index: int, env: dict[str, str] | None = None) -> None:
         old = self.replicas[index]
-        proxy = self.fleet.spawn_proxy(old.name, old.config_path, old.port)
+        proxy = self.fleet.spawn_proxy(old.name, old.config_path, old.port, extra_env=env)
         self.replicas[index] = proxy
+        if env:
+            self.armed.add(index)
+        else:
+            self.armed.discard(index)
         await asyncio.to_thread(self.fleet.wait_ready, proxy)
         self.down.discard(index)
+
+    async def arm_failpoint(self, index: int, point: str, hold_s: float, history: History) -> None:
+        """Restart replica `index` (SIGTERM: its requests end as at any rollout) with
+        `point` enabled once, and leave a task that continues it `hold_s` after it stops
+        itself there."""
+        self.replicas[index].process.terminate()
+        await self.restart(index, {failpoints.ENV: f"{point}:once"})
+        self.watchers.append(
+            asyncio.create_task(self._continue(index, self.replicas[index], point, hold_s, history))
+        )
+
+    async def _continue(
+        self, index: int, proxy: Proxy, point: str, hold_s: float, history: History
+    ) -> None:
+        # Until the replica stops at the point, is replaced, or the run ends (cancelled).
+        while proxy.process.is_running() and not proxy.process.is_stopped():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # polled: /proc is the only one to tell
+        if not proxy.process.is_running():
+            return
+        self.armed.discard(index)
+        history.note(f"NEMESIS r{index} stopped itself at {point}; held {hold_s:.2f} s")
+        try:
+            await asyncio.sleep(hold_s)
+        finally:
+            proxy.process.resume()
+        history.note(f"NEMESIS r{index} continued from {point}")
+
+    async def release_all(self) -> None:
+        """The end of the faults: every failpoint watcher ends, and every replica runs."""
+        for watcher in self.watchers:
+            watcher.cancel()
+        await asyncio.gather(*self.watchers, return_exceptions=True)
+        for proxy in self.replicas:
+            proxy.process.resume()
+        # A point that never fired would stop its replica in the middle of the settling.
+        for index in sorted(self.armed):
+            self.replicas[index].process.terminate()
+            await self.restart(index)
+        if self.relay is not None:
+            self.relay.disarm()
+            self.relay.blackhole(False)
 
 
 class Worker:
@@ -333,8 +388,13 @@ class Report:
     history: History
     violations: list[Violation]
     unresolved: dict[str, str]
-    applied: int
+    records: list[Applied]
+    arrivals: list[Arrival]
     backend: str
+
+    @property
+    def applied(self) -> int:
+        return len(self.records)
 
     def summary(self) -> str:
         told = Counter(attempt.told.value for attempt in self.history.attempts)
@@ -358,6 +418,10 @@ class Report:
             parts.append(self.schedule.describe())
             parts.append("history:")
             parts.append(self.history.describe())
+            parts.append("the upstream's records (seq target key epoch):")
+            parts += [f"  {e.seq} {e.target} {e.key} {e.epoch}" for e in self.records]
+            parts.append("what reached the upstream (effect id, key, epoch):")
+            parts += [f"  {a.effect_id} {a.key} {a.epoch}" for a in self.arrivals]
         if self.unresolved:
             parts.append(f"keys never answered applied: {sorted(self.unresolved)}")
         return "\n".join(parts)
@@ -393,6 +457,7 @@ async def _nemesis(
     history: History,
     deadline: float,
     failover: Callable[[], None] | None,
+    patroni: PatroniCluster | None,
 ) -> None:
     start = time.monotonic()
     for fault in schedule.faults:
@@ -401,11 +466,15 @@ async def _nemesis(
             await asyncio.sleep(wait)
         if time.monotonic() >= deadline:
             return
-        await _inject(fault, cluster, history, failover)
+        await _inject(fault, cluster, history, failover, patroni)
 
 
 async def _inject(
-    fault: Fault, cluster: Cluster, history: History, failover: Callable[[], None] | None
+    fault: Fault,
+    cluster: Cluster,
+    history: History,
+    failover: Callable[[], None] | None,
+    patroni: PatroniCluster | None,
 ) -> None:
     index = fault.replica % len(cluster.replicas)
     proxy = cluster.replicas[index]
@@ -423,6 +492,27 @@ async def _inject(
         await asyncio.sleep(fault.duration_s)
         await cluster.restart(index)
         history.note(f"NEMESIS r{index} ready again")
+    elif fault.kind is FaultKind.FAILPOINT:
+        history.note(f"NEMESIS r{index} restarted with failpoint {fault.detail}:once")
+        await cluster.arm_failpoint(index, fault.detail, fault.duration_s, history)
+    elif fault.kind is FaultKind.RELAY:
+        relay = cluster.relay
+        if relay is None:
+            return
+        await _relay_fault(relay, fault, history)
+    elif fault.kind is FaultKind.LEADER:
+        if patroni is None:
+            return
+        history.note(f"NEMESIS leader: {fault.detail}")
+        act = {
+            "kill_postgres": patroni.kill_leader_postgres,
+            "kill_patroni": patroni.kill_leader_patroni,
+            "switchover": patroni.switchover,
+        }[fault.detail]
+        did = await asyncio.to_thread(act)
+        history.note(f"NEMESIS leader: {did}")
+        leader = await asyncio.to_thread(patroni.wait_healthy)
+        history.note(f"NEMESIS leader: {leader.name} leads, the cluster is healthy")
     elif fault.kind is FaultKind.FAILOVER:
         if failover is None:
             return
@@ -430,6 +520,35 @@ async def _inject(
         await asyncio.to_thread(failover)
         history.note("NEMESIS failover done")
     history.faults[fault.kind] += 1
+
+
+async def _relay_fault(relay: PgRelay, fault: Fault, history: History) -> None:
+    if fault.detail == "cut_all":
+        history.note("NEMESIS relay: cut every connection")
+        relay.cut_all()
+        return
+    if fault.detail == "blackhole":
+        history.note(f"NEMESIS relay: blackhole for {fault.duration_s:.2f} s")
+        relay.blackhole(True)
+        try:
+            await asyncio.sleep(fault.duration_s)
+        finally:
+            relay.blackhole(False)
+        history.note("NEMESIS relay: flowing again")
+        return
+    action, _, match = fault.detail.partition(":")
+    then: Literal["pass", "cut"] = "pass"
+    if action == "hold":
+        held, _, match = match.partition(":")
+        then = "cut" if held == "cut" else "pass"
+    armed = relay.arm(cast(Action, action), match, delay_s=fault.duration_s, then=then)
+    history.note(f"NEMESIS relay: armed {fault.detail} (delay {fault.duration_s:.2f} s)")
+    acted = await asyncio.to_thread(armed.wait, RELAY_WAIT_S)
+    history.note(
+        f"NEMESIS relay: {fault.detail} {'did ' + str(armed.report) if acted else 'not met'}"
+    )
+    if not acted:
+        relay.disarm()
 
 
 @contextlib.asynccontextmanager
@@ -446,8 +565,11 @@ async def run_schedule(
     *,
     backend: str,
     failover: Callable[[], None] | None = None,
+    relay: PgRelay | None = None,
+    patroni: PatroniCluster | None = None,
 ) -> Report:
-    """Run `schedule` on a fleet whose upstream is started; the replicas are started here."""
+    """Run `schedule` on a fleet whose upstream is started; the replicas are started here
+    (on `store_url`, which goes through `relay` when there is one)."""
     assert fleet.upstream is not None
     replicas = await asyncio.to_thread(
         fleet.start_replicas,
@@ -456,7 +578,7 @@ async def run_schedule(
         timeout_s=UPSTREAM_TIMEOUT_S,
         settle_s=SETTLE_S,
     )
-    cluster = Cluster(fleet, replicas)
+    cluster = Cluster(fleet, replicas, relay)
     history = History()
     targets = [f"n{number}" for number in range(schedule.resources)]
     deadline = time.monotonic() + schedule.duration_s
@@ -465,7 +587,9 @@ async def run_schedule(
             Worker(f"w{number}", ops, targets, schedule.ttl_s, cluster, session, history)
             for number, ops in enumerate(schedule.workers)
         ]
-        nemesis = asyncio.create_task(_nemesis(schedule, cluster, history, deadline, failover))
+        nemesis = asyncio.create_task(
+            _nemesis(schedule, cluster, history, deadline, failover, patroni)
+        )
         tasks = [asyncio.create_task(worker.run(deadline)) for worker in workers]
         # A request in flight at the deadline finishes (or times out) on its own.
         await asyncio.wait(tasks, timeout=schedule.duration_s + 2 * REQUEST_TIMEOUT_S)
@@ -473,6 +597,7 @@ async def run_schedule(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await nemesis
+        await cluster.release_all()
         history.note("deadline: workers settle what they hold")
         settle_deadline = time.monotonic() + SETTLE_PHASE_S
         await asyncio.gather(*(worker.settle(settle_deadline) for worker in workers))
@@ -480,7 +605,7 @@ async def run_schedule(
     await asyncio.to_thread(fleet.stop_proxies)
     applied, arrivals = read_records(fleet.tmp_path / "upstream.db")
     violations = judge(applied, arrivals, history.grants, history.attempts)
-    return Report(schedule, history, violations, unresolved, len(applied), backend)
+    return Report(schedule, history, violations, unresolved, applied, arrivals, backend)
 
 
 @contextlib.contextmanager
@@ -495,7 +620,7 @@ def temporary_fleet() -> Any:
             fleet.close()
 
 
-BACKENDS = ("postgres", "sqlite", "standby")
+BACKENDS = ("postgres", "sqlite", "standby", "patroni", "patroni-sync")
 
 
 async def run_seed(
@@ -508,14 +633,20 @@ async def run_seed(
     replicas: int = 2,
 ) -> Report:
     """One seed on a fresh store of `backend`: "postgres" (a fresh database on the server of
-    `admin_url`), "sqlite" (one replica: a SQLite store has one process), or "standby" (a
-    primary and its synchronous standby of this run's own, both named in the store URL,
-    and a failover among the faults)."""
+    `admin_url`, through the relay), "sqlite" (one replica: a SQLite store has one
+    process), "standby" (a primary and its synchronous standby of this run's own, both
+    named in the store URL, and a failover among the faults), "patroni" or
+    "patroni-sync" (two nodes managed by Patroni with etcd, `synchronous_mode` off or
+    on; the leader killed or switched over among the faults)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
-    faults = frozenset({FaultKind.PAUSE, FaultKind.KILL})
+    faults = frozenset({FaultKind.PAUSE, FaultKind.KILL, FaultKind.FAILPOINT})
+    if backend == "postgres":
+        faults |= {FaultKind.RELAY}
     if backend == "standby":
         faults |= {FaultKind.FAILOVER}
+    if backend.startswith("patroni"):
+        faults |= {FaultKind.LEADER}
     schedule = make_schedule(
         seed,
         duration_s,
@@ -532,11 +663,25 @@ async def run_seed(
             if admin_url is None:
                 raise ValueError("the postgres backend needs an admin URL")
             url = await pg.create_database_async(admin_url)
+            server = urlsplit(url)
             try:
-                return await run_schedule(schedule, fleet, url, backend=backend)
+                with PgRelay(server.hostname or "127.0.0.1", server.port or 5432) as relay:
+                    try:
+                        return await run_schedule(
+                            schedule, fleet, relay.url(url), backend=backend, relay=relay
+                        )
+                    finally:
+                        fleet.stop_proxies()
             finally:
-                fleet.stop_proxies()
                 await pg.drop_database_async(url, admin_url)
+        if backend.startswith("patroni"):
+            with PatroniCluster(synchronous=backend == "patroni-sync") as patroni:
+                try:
+                    return await run_schedule(
+                        schedule, fleet, patroni.url, backend=backend, patroni=patroni
+                    )
+                finally:
+                    fleet.stop_proxies()
         with StandbyPair() as pair:
             pair.make_synchronous()
             hosts = f"127.0.0.1:{pair.primary_port},127.0.0.1:{pair.standby_port}"

@@ -26,6 +26,30 @@ class FaultKind(StrEnum):
     PAUSE = "pause"  # SIGSTOP a replica, SIGCONT after `duration_s`
     KILL = "kill"  # SIGKILL a replica, start it again after `duration_s`
     FAILOVER = "failover"  # the store's primary dies, its synchronous standby is promoted
+    # The replica restarts with FENCEPROXY_FAILPOINTS=<point>:once, stops itself there at
+    # its next fenced write (proxy/failpoints.py), and is continued after `duration_s`.
+    FAILPOINT = "failpoint"
+    # The relay between the replicas and PostgreSQL (pgrelay.py) acts: `detail` is
+    # `<action>:<match>` for the next transaction whose text holds `match`, `cut_all`,
+    # or `blackhole` (every connection, for `duration_s`).
+    RELAY = "relay"
+    # Patroni's cluster (patroni.py) loses or hands over its leader: `detail` is
+    # kill_postgres, kill_patroni or switchover; `duration_s` is the time planned for it.
+    LEADER = "leader"
+
+
+FAILPOINTS = ("admitted", "before_send", "sent")
+LEADER_FAULTS = ("kill_postgres", "kill_patroni", "switchover")
+# A leader fault lasts until Patroni has a leader again: up to its TTL and then some.
+LEADER_FAULT_S = 12.0
+RELAY_ACTIONS = ("cut_before_commit", "cut_after_commit", "hold", "cut_all", "blackhole")
+# What the relay's one-shot actions wait for: an admission, a receipt, a grant, a renew.
+RELAY_MATCHES = (
+    "fenceproxy_admission_state",
+    "fenceproxy_receipt",
+    "INSERT INTO leases",
+    "UPDATE leases SET expires_at",
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +66,7 @@ class Fault:
     kind: FaultKind
     replica: int
     duration_s: float
+    detail: str = ""  # FAILPOINT: the point; RELAY: what the relay does
 
 
 @dataclass(frozen=True)
@@ -63,7 +88,7 @@ class Schedule:
         for fault in self.faults:
             lines.append(
                 f"  fault at {fault.at_s:6.2f} s: {fault.kind} replica r{fault.replica} "
-                f"for {fault.duration_s:.2f} s"
+                f"for {fault.duration_s:.2f} s {fault.detail}".rstrip()
             )
         for number, ops in enumerate(self.workers):
             shown = " ".join(_op_text(op) for op in ops[:40])
@@ -89,6 +114,9 @@ OP_WEIGHTS = {
     OpKind.EXPIRE: 1,
     OpKind.THINK: 3,
 }
+# The last seconds of a run have no fault, so every one has ended before the workers
+# settle (a failpoint's hold is the longest).
+QUIET_END_S = 6.5
 # Roughly how long one operation takes on a loaded machine: enough operations are
 # planned for the duration, and the workers stop at the deadline.
 OP_BUDGET_S = 0.02
@@ -126,12 +154,10 @@ def make_schedule(
     planned: list[Fault] = []
     repeatable = sorted(faults - {FaultKind.FAILOVER})
     at = rng.uniform(0.5, fault_every_s)
-    # The last seconds are left quiet, so every fault has ended before the workers settle.
-    while repeatable and at < duration_s - 2.0:
-        fault = FaultKind(rng.choice(repeatable))
-        duration = rng.uniform(0.3, 2.0) if fault is FaultKind.PAUSE else rng.uniform(0.2, 1.5)
-        planned.append(Fault(round(at, 3), fault, rng.randrange(replicas), round(duration, 3)))
-        at += duration + rng.uniform(0.3, fault_every_s)
+    while repeatable and at < duration_s - QUIET_END_S:
+        fault = _fault(rng, FaultKind(rng.choice(repeatable)), round(at, 3), replicas)
+        planned.append(fault)
+        at += fault.duration_s + rng.uniform(0.3, fault_every_s)
     if FaultKind.FAILOVER in faults:
         # Once: a standby promoted is not made a standby again here.
         planned.append(
@@ -139,3 +165,25 @@ def make_schedule(
         )
         planned.sort(key=lambda fault: fault.at_s)
     return Schedule(seed, duration_s, replicas, resources, ttl_s, tuple(plans), tuple(planned))
+
+
+def _fault(rng: random.Random, kind: FaultKind, at_s: float, replicas: int) -> Fault:
+    replica = rng.randrange(replicas)
+    if kind is FaultKind.PAUSE:
+        return Fault(at_s, kind, replica, round(rng.uniform(0.3, 2.0), 3))
+    if kind is FaultKind.KILL:
+        return Fault(at_s, kind, replica, round(rng.uniform(0.2, 1.5), 3))
+    if kind is FaultKind.FAILPOINT:
+        # Long enough, at times, for the lease to run out and the effect to be taken for
+        # lost (its deadline, 2 s more, a probe) while the replica still holds it.
+        return Fault(at_s, kind, replica, round(rng.uniform(1.0, 6.0), 3), rng.choice(FAILPOINTS))
+    if kind is FaultKind.LEADER:
+        return Fault(at_s, kind, 0, LEADER_FAULT_S, rng.choice(LEADER_FAULTS))
+    action = rng.choice(RELAY_ACTIONS)
+    if action == "blackhole":
+        return Fault(at_s, kind, 0, round(rng.uniform(0.3, 3.0), 3), action)
+    if action == "cut_all":
+        return Fault(at_s, kind, 0, 0.0, action)
+    delay = round(rng.uniform(0.0, 2.0), 3) if action != "cut_before_commit" else 0.0
+    then = f":{rng.choice(('pass', 'cut'))}" if action == "hold" else ""
+    return Fault(at_s, kind, 0, delay, f"{action}{then}:{rng.choice(RELAY_MATCHES)}")

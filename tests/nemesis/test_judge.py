@@ -129,6 +129,8 @@ def test_answers_are_classified_by_what_they_claim() -> None:
     assert classify(answer(409, "stale_epoch")) is Told.NOT_SENT
     assert classify(answer(504, "outcome_unknown", "e1")) is Told.UNKNOWN
     assert classify(answer(409, "effect_settled", "e1")) is Told.NOT_APPLIED
+    # Also the answer to a request that was sent, and answered against a settled state.
+    assert classify(answer(409, "conflicting_evidence", "e1")) is Told.UNKNOWN
     # A store that failed before dispatch did nothing; after it, the effect is in doubt.
     assert classify(answer(503, "store_unavailable")) is Told.NOT_SENT
     assert classify(answer(503, "store_unavailable", "e1")) is Told.UNKNOWN

@@ -201,9 +201,16 @@ class Fleet:
         return path, port
 
     def spawn_proxy(
-        self, name: str, config_path: Path, port: int, *, skew_s: float | None = None
+        self,
+        name: str,
+        config_path: Path,
+        port: int,
+        *,
+        skew_s: float | None = None,
+        extra_env: Mapping[str, str] | None = None,
     ) -> Proxy:
-        """Start a replica (not waiting for it); `skew_s` shifts its process clock."""
+        """Start a replica (not waiting for it); `skew_s` shifts its process clock;
+        `extra_env` adds to its environment (FENCEPROXY_FAILPOINTS, for one)."""
         serve = ["serve", "--config", str(config_path), "--grace", "1"]
         if skew_s is None:
             argv = [sys.executable, "-m", "proxy.cli", *serve]
@@ -215,6 +222,7 @@ class Fleet:
             **_environ(),
             ADMIN_TOKEN_ENV: self.admin_token,
             INSTANCE_ID_ENV: instance_id,
+            **(extra_env or {}),
         }
         number = sum(p.name == name for p in self.proxies)
         log_name = name if number == 0 else f"{name}-{number + 1}"
