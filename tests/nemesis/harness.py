@@ -54,6 +54,8 @@ REQUEST_TIMEOUT_S = 6.0
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, connect=2)
 ACQUIRE_ATTEMPTS = 6
 SETTLE_PHASE_S = 25.0
+# How often the operator of the settling looks for effects in conflict.
+OPERATOR_EVERY_S = 1.0
 # How long the nemesis waits for the transaction a relay fault is armed for.
 RELAY_WAIT_S = 3.0
 # Refusals after which the worker's token is no good: it takes a new lease.
@@ -382,6 +384,47 @@ class Worker:
             await self.release(0)
 
 
+async def _operator(
+    cluster: Cluster, session: aiohttp.ClientSession, history: History, upstream_db: Path
+) -> None:
+    """An operator paged for effects in conflict (only an operator settles those): once the
+    faults are over and what was in flight has landed, each is resolved by what the
+    upstream's own records say (whether that effect reached it), as a careful operator
+    would. Runs until cancelled."""
+    admin = {"Authorization": f"Bearer {cluster.fleet.admin_token}"}
+    resolved: set[str] = set()
+    while True:
+        await asyncio.sleep(OPERATOR_EVERY_S)
+        url = cluster.url(0) + "/_fence/v1/effects?state=CONFLICTING&limit=100"
+        try:
+            listed = await call(session, "GET", url, headers=admin)
+        except (aiohttp.ClientError, TimeoutError):
+            continue
+        if listed.status != 200:
+            continue
+        _, arrivals = read_records(upstream_db)
+        arrived = {arrival.effect_id for arrival in arrivals}
+        for effect in listed.body["effects"]:
+            effect_id = effect["id"]
+            if effect_id in resolved:
+                continue
+            outcome = "committed" if effect_id in arrived else "not_committed"
+            body = {"outcome": outcome, "reason": "the upstream's records", "operator": "nemesis"}
+            try:
+                answer = await call(
+                    session,
+                    "POST",
+                    cluster.url(0) + f"/_fence/v1/effects/{effect_id}/resolve",
+                    json_body=body,
+                    headers=admin,
+                )
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+            history.note(f"OPERATOR resolve {effect_id} {outcome}: {answer.outcome}")
+            if answer.status == 200:
+                resolved.add(effect_id)
+
+
 @dataclass
 class Report:
     schedule: Schedule
@@ -600,7 +643,14 @@ async def run_schedule(
         await cluster.release_all()
         history.note("deadline: workers settle what they hold")
         settle_deadline = time.monotonic() + SETTLE_PHASE_S
-        await asyncio.gather(*(worker.settle(settle_deadline) for worker in workers))
+        operator = asyncio.create_task(
+            _operator(cluster, session, history, fleet.tmp_path / "upstream.db")
+        )
+        try:
+            await asyncio.gather(*(worker.settle(settle_deadline) for worker in workers))
+        finally:
+            operator.cancel()
+            await asyncio.gather(operator, return_exceptions=True)
     unresolved = {key: target for worker in workers for key, target in worker.pending.items()}
     await asyncio.to_thread(fleet.stop_proxies)
     applied, arrivals = read_records(fleet.tmp_path / "upstream.db")

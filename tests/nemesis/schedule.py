@@ -114,9 +114,9 @@ OP_WEIGHTS = {
     OpKind.EXPIRE: 1,
     OpKind.THINK: 3,
 }
-# The last seconds of a run have no fault, so every one has ended before the workers
-# settle (a failpoint's hold is the longest).
-QUIET_END_S = 6.5
+# No fault starts in the last seconds of a run; one still on at the deadline is ended
+# there (a failpoint's hold can outlast the run), before the workers settle.
+QUIET_END_S = 2.0
 # Roughly how long one operation takes on a loaded machine: enough operations are
 # planned for the duration, and the workers stop at the deadline.
 OP_BUDGET_S = 0.02
