@@ -54,6 +54,7 @@ REQUEST_TIMEOUT_S = 6.0
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, connect=2)
 ACQUIRE_ATTEMPTS = 6
 SETTLE_PHASE_S = 25.0
+READY_TIMEOUT_S = 30.0
 # How often the operator of the settling looks for effects in conflict.
 OPERATOR_EVERY_S = 1.0
 # How long the nemesis waits for the transaction a relay fault is armed for.
@@ -158,8 +159,27 @@ class Cluster:
             self.armed.add(index)
         else:
             self.armed.discard(index)
-        await asyncio.to_thread(self.fleet.wait_ready, proxy)
+        await self._wait_ready(proxy)
         self.down.discard(index)
+
+    async def _wait_ready(self, proxy: Proxy) -> None:
+        """Until it answers /readyz, or has stopped itself at its failpoint (a worker's
+        write can reach it before the readiness check does)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        async with _session() as session:
+            while time.monotonic() < deadline:
+                if not proxy.process.is_running():
+                    raise proxy.process.failure("exited while starting")
+                if proxy.process.is_stopped():
+                    return
+                try:
+                    answer = await call(session, "GET", f"{proxy.url}/_fence/readyz")
+                    if answer.status == 200:
+                        return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+        raise proxy.process.failure(f"not ready after {READY_TIMEOUT_S:g} s")
 
     async def arm_failpoint(self, index: int, point: str, hold_s: float, history: History) -> None:
         """Restart replica `index` (SIGTERM: its requests end as at any rollout) with
