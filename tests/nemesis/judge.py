@@ -80,6 +80,12 @@ class Violation:
         return f"{self.rule}: {self.detail}"
 
 
+# The refusals whose effect id is the request's own effect, said not to have been sent.
+# Others name another effect (`request_in_progress`: the one being forwarded under the
+# key; `resource_blocked`: those in doubt), of which they claim nothing.
+OWN_EFFECT_NOT_SENT = frozenset({"upstream_unreachable"})
+
+
 def worker_of(key: str) -> str:
     """Keys are `<worker>-<n>`: the worker that owns them."""
     return key.rsplit("-", 1)[0]
@@ -210,7 +216,9 @@ def _answers_true(
                         f"it at {sorted(map(str, applied_epochs[attempt.key]))}",
                     )
                 )
-        elif attempt.told in (Told.NOT_SENT, Told.NOT_APPLIED) and attempt.effect_id in arrived:
+        elif attempt.effect_id in arrived and (
+            attempt.told is Told.NOT_APPLIED or attempt.code in OWN_EFFECT_NOT_SENT
+        ):
             violations.append(
                 Violation(
                     f"{attempt.told}, says the answer",

@@ -104,6 +104,17 @@ def test_told_nothing_was_sent_for_an_effect_that_arrived() -> None:
     assert rules(judge(records, arrivals, grants, attempts)) == ["not_sent, says the answer"]
 
 
+def test_a_refusal_naming_another_effect_claims_nothing_of_it() -> None:
+    grants = [grant("w0", 1)]
+    attempts = [
+        attempt("w0-0", 1, Told.UNKNOWN),
+        attempt("w0-0", 1, Told.NOT_SENT, code="request_in_progress", effect_id="e1"),
+    ]
+    records = [applied(1, "w0-0", 1)]
+    arrivals = [Arrival("e1", "w0-0", "1")]
+    assert judge(records, arrivals, grants, attempts) == []
+
+
 def test_told_not_applied_for_an_effect_that_arrived() -> None:
     grants = [grant("w0", 1)]
     attempts = [attempt("w0-0", 1, Told.NOT_APPLIED, code="effect_settled", effect_id="e1")]
