@@ -567,12 +567,12 @@ async def _inject(
         if patroni is None:
             return
         history.note(f"NEMESIS leader: {fault.detail}")
-        act = {
-            "kill_postgres": patroni.kill_leader_postgres,
-            "kill_patroni": patroni.kill_leader_patroni,
-            "switchover": patroni.switchover,
-        }[fault.detail]
-        did = await asyncio.to_thread(act)
+        if fault.detail == "kill_patroni":
+            did = await asyncio.to_thread(patroni.kill_leader_patroni, fault.duration_s)
+        elif fault.detail == "kill_postgres":
+            did = await asyncio.to_thread(patroni.kill_leader_postgres)
+        else:
+            did = await asyncio.to_thread(patroni.switchover)
         history.note(f"NEMESIS leader: {did}")
         leader = await asyncio.to_thread(patroni.wait_healthy)
         history.note(f"NEMESIS leader: {leader.name} leads, the cluster is healthy")

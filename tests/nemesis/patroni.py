@@ -311,10 +311,11 @@ class PatroniCluster:
             os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to {leader.name}'s postmaster (pid {pid})"
 
-    def kill_leader_patroni(self) -> str:
+    def kill_leader_patroni(self, unmanaged_s: float = 0.0) -> str:
         """SIGKILL the leader's Patroni, wait until the other node leads (its PostgreSQL
-        is still running meanwhile, as a primary nobody manages), then start Patroni
-        on the old leader again, which demotes its PostgreSQL."""
+        is still running meanwhile, as a primary nobody manages), `unmanaged_s` more
+        (two primaries: as long as a crashed Patroni takes to be restarted), then start
+        Patroni on the old leader again, which demotes its PostgreSQL."""
         leader = self.wait_healthy()
         assert leader.process is not None
         leader.process.kill()
@@ -324,8 +325,12 @@ class PatroniCluster:
             if now is not None and now is not leader:
                 break
             time.sleep(POLL_S)
+        time.sleep(unmanaged_s)
         self.start_patroni(leader)
-        return f"SIGKILL to {leader.name}'s Patroni; its PostgreSQL ran on until it came back"
+        return (
+            f"SIGKILL to {leader.name}'s Patroni; its PostgreSQL ran on until it came back, "
+            f"{unmanaged_s:.1f} s after another node led"
+        )
 
     def switchover(self) -> str:
         leader = self.wait_healthy()

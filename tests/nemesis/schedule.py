@@ -34,7 +34,8 @@ class FaultKind(StrEnum):
     # or `blackhole` (every connection, for `duration_s`).
     RELAY = "relay"
     # Patroni's cluster (patroni.py) loses or hands over its leader: `detail` is
-    # kill_postgres, kill_patroni or switchover; `duration_s` is the time planned for it.
+    # kill_postgres, kill_patroni or switchover; `duration_s`, for kill_patroni, how long
+    # the old leader's PostgreSQL runs unmanaged once another node leads.
     LEADER = "leader"
 
 
@@ -157,7 +158,8 @@ def make_schedule(
     while repeatable and at < duration_s - QUIET_END_S:
         fault = _fault(rng, FaultKind(rng.choice(repeatable)), round(at, 3), replicas)
         planned.append(fault)
-        at += fault.duration_s + rng.uniform(0.3, fault_every_s)
+        planned_s = fault.duration_s + (LEADER_FAULT_S if fault.kind is FaultKind.LEADER else 0.0)
+        at += planned_s + rng.uniform(0.3, fault_every_s)
     if FaultKind.FAILOVER in faults:
         # Once: a standby promoted is not made a standby again here.
         planned.append(
@@ -178,7 +180,7 @@ def _fault(rng: random.Random, kind: FaultKind, at_s: float, replicas: int) -> F
         # lost (its deadline, 2 s more, a probe) while the replica still holds it.
         return Fault(at_s, kind, replica, round(rng.uniform(1.0, 6.0), 3), rng.choice(FAILPOINTS))
     if kind is FaultKind.LEADER:
-        return Fault(at_s, kind, 0, LEADER_FAULT_S, rng.choice(LEADER_FAULTS))
+        return Fault(at_s, kind, 0, round(rng.uniform(0.0, 6.0), 3), rng.choice(LEADER_FAULTS))
     action = rng.choice(RELAY_ACTIONS)
     if action == "blackhole":
         return Fault(at_s, kind, 0, round(rng.uniform(0.3, 3.0), 3), action)

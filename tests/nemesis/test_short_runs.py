@@ -46,6 +46,6 @@ async def test_seeded_faults_with_a_failover_to_a_synchronous_standby() -> None:
 
 async def test_seeded_faults_with_a_patroni_switchover_in_synchronous_mode() -> None:
     require_patroni()
-    report = await run_seed(10, RUN_S, "patroni-sync")
+    report = await run_seed(7, RUN_S, "patroni-sync")
     assert report.history.faults["leader"] == 1, report.text()
     check(report)
