@@ -37,10 +37,13 @@ FAILOVER_EPOCH_ADVANCE = 1_000_000
 
 @dataclass(frozen=True)
 class Position:
-    """Where a primary's WAL is: its timeline and its LSN (as a number)."""
+    """Where a primary's history is: its timeline, its WAL position (an LSN, as a
+    number) and a transaction id (`xid`): of a position told by the server, the next it
+    will issue; of one seen, one past the newest this process committed (0: none)."""
 
     timeline: int
     lsn: int
+    xid: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,23 +138,81 @@ def judge(recorded_timeline: int | None, current: Position, seen: Position | Non
 
     `recorded_timeline`: the timeline the store last wrote on (None: never checked, as
     before this check existed); `seen`: the last position this process saw (None: it
-    saw none)."""
-    wrote_on = recorded_timeline
-    if wrote_on is None and seen is not None:
-        wrote_on = seen.timeline
-    if wrote_on is not None and wrote_on != current.timeline:
+    saw none). Any timeline but the last one this process saw is lost history, a move
+    back to an older one included (an old primary that came back, never rewound: it
+    lacks all that was written on the newer one). On the timeline it saw, a position
+    behind the one it saw is a restore from a copy of the files (a volume snapshot)."""
+    if seen is not None and seen.timeline != current.timeline:
+        return (
+            f"the database is on timeline {current.timeline}, this replica last saw timeline "
+            f"{seen.timeline}: a standby was promoted, an old primary came back or a backup "
+            "was restored, and what was acknowledged on the other may be lost"
+        )
+    if recorded_timeline is not None and recorded_timeline != current.timeline:
         return (
             f"the database is on timeline {current.timeline}, the store wrote on timeline "
-            f"{wrote_on}: a standby was promoted or a backup restored, and what "
+            f"{recorded_timeline}: a standby was promoted or a backup restored, and what "
             "was acknowledged after its branch point may be lost"
         )
-    if seen is not None and seen.timeline == current.timeline and current.lsn < seen.lsn:
+    if seen is not None and current.lsn < seen.lsn:
         return (
             f"the database's WAL went back from {format_lsn(seen.lsn)} to "
             f"{format_lsn(current.lsn)} on timeline {current.timeline}: it was restored "
             "from a copy of its files, and what was acknowledged since may be lost"
         )
+    if seen is not None and current.xid < seen.xid:
+        return (
+            f"the database went back: its next transaction id is {current.xid}, and "
+            f"transaction {seen.xid - 1} committed on it (timeline {current.timeline}): it "
+            "was restored from a copy of its files, and what was acknowledged since may "
+            "be lost"
+        )
     return None
+
+
+@dataclass(frozen=True)
+class Server:
+    """The server a recovery was made on: its timeline and when its postmaster started
+    (the store's record, store_meta.history_timeline and history_server_started)."""
+
+    timeline: int
+    started: float
+
+
+def recovered_on(recorded: Server | None, now: Server) -> bool:
+    """Was the loss a replica found recovered already, by another replica, on the
+    server as it is now? Only a recovery made on this very server since it last
+    changed counts: a promotion changes its timeline, and a restore in place or an old
+    primary coming back restart it. An open recovery window does not count: a restore
+    brings back the window of its snapshot, with the floors of that time."""
+    return recorded == now
+
+
+NOTICE = "fenceproxy history "
+
+
+def parse_notice(message: str) -> tuple[Position, Position] | None:
+    """What `fenceproxy_history_position()` tells (migration 0018), or None for any other
+    notice: the position to judge (the inserted WAL, the next transaction id) and the
+    one to keep (the flushed WAL, one past the transaction's own id if it has one)."""
+    if not message.startswith(NOTICE):
+        return None
+    walfile, flushed, inserted, next_xid, own_xid = message[len(NOTICE) :].split()
+    judged = parse_position(walfile, inserted)
+    kept = parse_position(walfile, flushed)
+    own = int(own_xid)
+    return (
+        Position(judged.timeline, judged.lsn, int(next_xid)),
+        Position(kept.timeline, kept.lsn, own + 1 if own else 0),
+    )
+
+
+def advance(seen: Position | None, current: Position) -> Position:
+    """The position kept once `current` was judged no loss: the newest WAL position and
+    transaction id on its timeline (after a recovery, the position recovered at)."""
+    if seen is None or seen.timeline != current.timeline:
+        return current
+    return Position(current.timeline, max(seen.lsn, current.lsn), max(seen.xid, current.xid))
 
 
 def format_lsn(lsn: int) -> str:

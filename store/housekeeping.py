@@ -99,19 +99,29 @@ class Housekeeping(StorePart):
         so nothing issued since the backup is ever issued again. Returns the new floor."""
 
         async def operation(tx: Tx) -> int:
-            await tx.execute("lock_all_resources")
-            row = await tx.one("epoch_floor_and_max")
-            assert row is not None
-            floor = max(int(row["epoch_floor"]), int(row["max_epoch"])) + advance
-            await tx.execute("set_epoch_floor", floor=floor)
-            await tx.execute("advance_all_epochs", floor=floor)
-            await tx.execute("end_all_leases", now=tx.now, reason="fence-restore")
-            # A proxy that remembers another store accepts this one once it was fenced
-            # after the proxy last started (proxy/identity.py).
-            await tx.execute("mark_fenced", now=tx.now)
-            return floor
+            return await fence_all(tx, advance, "fence-restore")
 
         return await self.connector.write(operation)
+
+
+async def fence_all(tx: Tx, advance: int, reason: str, at_least: int = 0) -> int:
+    """Fence everything issued before, in `tx`: `store fence-restore`, and the recovery
+    after a failover or a restore that lost history (store/postgres.py), are this one
+    function. Every epoch (and the floor under new resources) is raised `advance` past
+    the highest the store knows, or past `at_least` (a floor this process saw on a
+    history the database no longer holds) if higher; every lease ends (`reason`). Returns
+    the new floor."""
+    await tx.execute("lock_all_resources")
+    row = await tx.one("epoch_floor_and_max")
+    assert row is not None
+    floor = max(int(row["epoch_floor"]), int(row["max_epoch"]), at_least) + advance
+    await tx.execute("set_epoch_floor", floor=floor)
+    await tx.execute("advance_all_epochs", floor=floor)
+    await tx.execute("end_all_leases", now=tx.now, reason=reason)
+    # A proxy that remembers another store accepts this one once it was fenced after
+    # the proxy last started (proxy/identity.py).
+    await tx.execute("mark_fenced", now=tx.now)
+    return floor
 
 
 async def _collect_resources(tx: Tx, leased: set[str], batch: int) -> int:

@@ -17,6 +17,8 @@ above the store sees asyncpg.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -29,6 +31,7 @@ from policies.model import StorePool
 from store import history, sqlstate
 from store.base import Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
+from store.housekeeping import fence_all
 from store.queries import load_migrations, load_queries
 
 log = logging.getLogger("fenceproxy")
@@ -46,34 +49,21 @@ _NOW = (
     "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
     " FROM store_meta m, store_identity i"
 )
-# Where the database's history is (store/history.py), and the store's record of it: one
-# round trip, on every connection the pool opens (every reconnect) once migrated. A
-# standby answers no position: it takes no writes, and a write says so.
-_HISTORY = (
-    "SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
-    " ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile,"
-    " CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END AS lsn,"
-    " history_timeline, recovery_opened_at, recovery_reason, r.standbys, r.sync_states,"
-    " current_setting('synchronous_standby_names') AS synchronous_standby_names,"
-    " current_setting('synchronous_commit') AS synchronous_commit"
-    " FROM store_meta, (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states"
-    " FROM pg_stat_replication) r"
-)
-# The same without the WAL position, where the WAL functions are refused.
-_HISTORY_UNCHECKED = _HISTORY.replace(
-    "pg_walfile_name(pg_current_wal_lsn())", "NULL::text"
-).replace("pg_current_wal_lsn()::text", "NULL::text")
 _WAL_REFUSED = (
     asyncpg.InsufficientPrivilegeError,
     asyncpg.FeatureNotSupportedError,
     asyncpg.UndefinedFunctionError,
 )
-# Read under the row lock by the replica that recovers, so that two replicas that found
-# the same loss recover it once.
-_HISTORY_LOCKED = (
-    "SELECT history_timeline, recovery_opened_at, recovery_reason,"
-    " extract(epoch FROM now())::float8 + clock_offset_s AS now FROM store_meta FOR UPDATE"
-)
+# Every transaction's BEGIN and COMMIT messages carry the history check (migration
+# 0018): simple-query messages, which return no rows but deliver the position as a
+# notice, so the check costs no round trip. At BEGIN: judged before the transaction's
+# first statement is sent; on a standby in recovery it raises. After COMMIT, in the
+# same message, just before the COMMIT: this transaction's own id, kept once the COMMIT
+# returned, so that a restore that loses it is found on the next transaction, on any
+# connection.
+_BEGIN = "BEGIN; SELECT fenceproxy_history_position()"
+_BEGIN_READ_ONLY = "BEGIN READ ONLY; SELECT fenceproxy_history_position()"
+_COMMIT = "SELECT fenceproxy_history_position(); COMMIT"
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -267,6 +257,43 @@ def _window(row: Any) -> RecoveryWindow | None:
     return None if opened is None else RecoveryWindow(float(opened), str(row["recovery_reason"]))
 
 
+class _Heard:
+    """The last history position a connection's server told (a notice of
+    `fenceproxy_history_position()`), for the one transaction that holds it."""
+
+    def __init__(self) -> None:
+        self.position: tuple[Position, Position] | None = None
+
+    def __call__(self, _conn: object, message: Any) -> None:
+        told = history.parse_notice(str(message.message))
+        if told is not None:
+            self.position = told
+
+    def take(self) -> tuple[Position, Position] | None:
+        """(to judge, to keep), or None if nothing was told since the last take."""
+        told, self.position = self.position, None
+        return told
+
+
+def _gone(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
+    """Closed, or already handed back to the pool, which a connection that broke is at
+    once (its proxy then refuses every call)."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+
+
+def _terminate(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
+class _Lost(Exception):
+    """The transaction found lost history and was rolled back: the store recovered (or
+    found it recovered), and the operation may run again."""
+
+
 class PostgresConnector:
     def __init__(self, url: str, pool: StorePool | None = None) -> None:
         self.url = url
@@ -284,10 +311,16 @@ class PostgresConnector:
         # The recovery window as last read from the store (store/history.py).
         self.recovery: RecoveryWindow | None = None
         self.replication: Replication | None = None
-        # The newest WAL position this process saw: a later one behind it went back.
+        # The newest WAL position this process saw: a later one behind it went back,
+        # one on another timeline is another history.
         self._seen: Position | None = None
+        # The highest epoch floor this process set or found in a recovery: a recovery on
+        # a database that never saw it (an old primary come back) raises past it.
+        self._floor = 0
         # Connections opened before the migrations cannot read the history columns.
         self._migrated = False
+        # False where the WAL functions are refused: transactions are not checked.
+        self._guarded = False
         self._unchecked_said = False
 
     async def open(self) -> None:
@@ -324,7 +357,9 @@ class PostgresConnector:
         conn.round_trips = self.round_trips
         if self._migrated:
             # A new connection may reach another server than the last one did: a
-            # promoted standby behind the same address (issue 18 §1).
+            # promoted standby behind the same address (issue 18 §1). Every transaction
+            # checks again (`_begin`); this also reads the store's record and the
+            # replication state.
             await self._check_history(conn)
 
     async def _check_history(
@@ -332,32 +367,37 @@ class PostgresConnector:
     ) -> None:
         """Has the database lost what this store acknowledged? If so, recover at once
         (raise every epoch, end every lease, open the recovery window) before this
-        connection serves anything; and note the recovery window either way."""
+        connection serves anything; and note the recovery window either way. A standby
+        in recovery is left for its first transaction to refuse (`_begin`)."""
+        before = self._seen  # as in `_begin`
         try:
-            row = await conn.fetchrow(_HISTORY)
+            row = await conn.fetchrow(self._queries["history"][0])
         except _WAL_REFUSED as exc:
             # A role or a service that may not read the WAL position: no check.
             self._warn_unchecked(exc)
-            row = await conn.fetchrow(_HISTORY_UNCHECKED)
+            row = await conn.fetchrow(self._queries["history_unchecked"][0])
+        except asyncpg.ObjectNotInPrerequisiteStateError:
+            return  # recovery is in progress: a standby
         assert row is not None
         self.recovery = _window(row)
         self.replication = history.replication_of(dict(row))
         if row["walfile"] is None:
+            self._guarded = False
             return
-        current = history.parse_position(row["walfile"], row["lsn"])
+        self._guarded = True
+        inserted = history.parse_position(row["walfile"], row["inserted"])
+        current = Position(inserted.timeline, inserted.lsn, int(row["next_xid"]))
         recorded = row["history_timeline"]
-        lost = history.judge(recorded, current, self._seen)
-        if lost is not None and (recorded != current.timeline or self.recovery is None):
+        lost = history.judge(recorded, current, before)
+        if lost is not None:
             await self._recover(conn, current, lost)
-        elif recorded is None:
-            await conn.execute(
-                "UPDATE store_meta SET history_timeline = $1 WHERE history_timeline IS NULL",
-                current.timeline,
-            )
-        if self._seen is None or current.timeline != self._seen.timeline:
-            self._seen = current
-        else:
-            self._seen = Position(current.timeline, max(current.lsn, self._seen.lsn))
+            return
+        if recorded is None:
+            sql, _ = self._queries["record_history_timeline"]
+            await conn.execute(sql, current.timeline)
+        self._seen = history.advance(
+            self._seen, history.parse_position(row["walfile"], row["flushed"])
+        )
 
     def _warn_unchecked(self, exc: Exception) -> None:
         if not self._unchecked_said:
@@ -375,42 +415,106 @@ class PostgresConnector:
         current: Position,
         lost: str,
     ) -> None:
-        """As `store fence-restore`, in one transaction with the recovery window opened:
-        every epoch past anything the old primary could have issued, every lease ended."""
+        """As `store fence-restore` (the same function), in one transaction with the
+        recovery window opened: every epoch past anything the lost history could have
+        issued, every lease ended; unless another replica already recovered on this
+        very server, to floors at least as high as this process saw."""
         async with conn.transaction():
-            row = await conn.fetchrow(_HISTORY_LOCKED)
+            sql, _ = self._queries["history_for_recovery"]
+            row = await conn.fetchrow(sql)
             assert row is not None
-            again = history.judge(row["history_timeline"], current, self._seen)
-            if again is None or (
-                row["history_timeline"] == current.timeline and row["recovery_opened_at"]
-            ):
-                # Another replica recovered first: its window is this one's too.
+            server = history.Server(current.timeline, float(row["server_started"]))
+            recorded = None
+            if row["history_timeline"] is not None and row["history_server_started"] is not None:
+                recorded = history.Server(
+                    int(row["history_timeline"]), float(row["history_server_started"])
+                )
+            if history.recovered_on(recorded, server) and int(row["epoch_floor"]) >= self._floor:
                 self.recovery = _window(row)
+                self._floor = int(row["epoch_floor"])
+                self._seen = Position(current.timeline, 0)
                 return
             tx = PostgresTx(conn, self._queries, float(row["now"]))
-            await tx.execute("lock_all_resources")
-            floors = await tx.one("epoch_floor_and_max")
-            assert floors is not None
-            floor = max(int(floors["epoch_floor"]), int(floors["max_epoch"]))
-            floor += FAILOVER_EPOCH_ADVANCE
-            await tx.execute("set_epoch_floor", floor=floor)
-            await tx.execute("advance_all_epochs", floor=floor)
-            await tx.execute("end_all_leases", now=tx.now, reason="failover")
-            await tx.execute("mark_fenced", now=tx.now)
-            await conn.execute(
-                "UPDATE store_meta SET history_timeline = $1, recovery_opened_at = $2,"
-                " recovery_reason = $3",
-                current.timeline,
-                tx.now,
-                lost,
+            floor = await fence_all(tx, FAILOVER_EPOCH_ADVANCE, "failover", self._floor)
+            await tx.execute(
+                "record_recovery",
+                timeline=current.timeline,
+                server_started=server.started,
+                now=tx.now,
+                reason=lost,
             )
         self.recovery = RecoveryWindow(tx.now, lost)
+        self._floor = floor
+        # Kept again from the next transaction's (flushed, crash-safe) positions.
+        self._seen = Position(current.timeline, 0)
         log.warning(
             "the store lost history (%s): every epoch was raised to %d, every lease ended, "
             "and the recovery window opened",
             lost,
             floor,
         )
+
+    async def _begin(
+        self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard, readonly: bool
+    ) -> None:
+        """BEGIN, with the history check in the same message: a server in recovery, on
+        another timeline than the last one seen, or whose WAL went back, serves nothing
+        of this transaction. A loss is recovered at once (`_Lost`: run it again)."""
+        if not self._guarded:
+            await conn.execute("BEGIN READ ONLY" if readonly else "BEGIN")
+            return
+        # Judged against what was seen before the BEGIN was sent: a COMMIT that returns
+        # meanwhile, on another connection, may have been after this server's answer.
+        before = self._seen
+        try:
+            await conn.execute(_BEGIN_READ_ONLY if readonly else _BEGIN)
+        except asyncpg.ObjectNotInPrerequisiteStateError as exc:
+            # A standby (recovery is in progress): this connection is not for the store;
+            # the pool opens another, to whichever server answers then.
+            _terminate(conn)
+            raise StoreUnavailable(
+                "the store's PostgreSQL server is a standby in recovery: it is not used "
+                "until it is promoted (and its history checked)"
+            ) from exc
+        except BaseException:
+            await self._rollback(conn)
+            raise
+        told = heard.take()
+        if told is None:
+            await self._rollback(conn)
+            raise StoreUnavailable("the store's server did not tell its WAL position")
+        current, kept = told
+        lost = history.judge(None, current, before)
+        if lost is None:
+            self._seen = history.advance(self._seen, kept)
+            return
+        await self._rollback(conn)
+        await self._recover(conn, current, lost)
+        raise _Lost(lost)
+
+    async def _commit(self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard) -> None:
+        if not self._guarded:
+            await conn.execute("COMMIT")
+            return
+        await conn.execute(_COMMIT)
+        told = heard.take()
+        if told is not None and self._seen is not None and self._seen.timeline == told[1].timeline:
+            self._seen = history.advance(self._seen, told[1])
+
+    @staticmethod
+    async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        """Roll back the failed transaction, for the caller to raise what failed it; a
+        connection that cannot be rolled back (it broke, or this was cancelled) is
+        never reused."""
+        if _gone(conn):
+            return
+        try:
+            await conn.execute("ROLLBACK")
+        except asyncio.CancelledError:
+            _terminate(conn)
+            raise
+        except Exception:
+            _terminate(conn)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -443,6 +547,40 @@ class PostgresConnector:
                 )
                 applied_now.append(version)
         return applied_now
+
+    async def _transaction(
+        self,
+        conn: asyncpg.pool.PoolConnectionProxy,
+        operation: Operation[T],
+        readonly: bool,
+        own_clock: bool,
+    ) -> T:
+        heard = _Heard()
+        # Only while this transaction holds the connection (asyncpg warns of a listener
+        # left on a connection released to the pool).
+        conn.add_log_listener(heard)
+        try:
+            await self._begin(conn, heard, readonly)
+            try:
+                if own_clock:
+                    result = await operation(
+                        PostgresTx(conn, self._queries, math.nan, self._identify)
+                    )
+                else:
+                    row = await conn.fetchrow(_NOW)
+                    self._identify(dict(row) if row is not None else {})
+                    assert row is not None
+                    result = await operation(PostgresTx(conn, self._queries, float(row["now"])))
+            except BaseException:
+                await self._rollback(conn)
+                raise
+            await self._commit(conn, heard)
+            return result
+        finally:
+            # Even from a closed connection: the pool warns of a listener left on one
+            # handed back. A proxy already handed back (the connection broke) refuses.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.remove_log_listener(heard)
 
     def _lose(self, what: str) -> str:
         self.lost = (
@@ -489,15 +627,11 @@ class PostgresConnector:
                         return await operation(
                             PostgresTx(conn, self._queries, math.nan, self._identify)
                         )
-                    async with conn.transaction(readonly=readonly):
-                        if own_clock:
-                            tx = PostgresTx(conn, self._queries, math.nan, self._identify)
-                            return await operation(tx)
-                        row = await conn.fetchrow(_NOW)
-                        self._identify(dict(row) if row is not None else {})
-                        assert row is not None
-                        now = float(row["now"])
-                        return await operation(PostgresTx(conn, self._queries, now))
+                    return await self._transaction(conn, operation, readonly, own_clock)
+            except _Lost:
+                if attempt < RETRIES - 1:
+                    continue
+                raise StoreUnavailable("the store lost history and recovered; try again") from None
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
                 # The schema is gone under the open pool (the database was recreated),
                 # its functions (migration 0013) with it.

@@ -530,3 +530,50 @@ FROM store_meta m,
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
 WHERE recovery_opened_at IS NOT NULL
 
+
+-- history --
+-- Where the database's history is (store/history.py) and the store's record of it: read
+-- when the store opens and on every connection the pool opens. The flushed position
+-- (migration 0018): the inserted position is judged, the flushed one kept. On a standby in
+-- recovery the WAL functions raise (55000).
+SELECT pg_walfile_name(pg_current_wal_flush_lsn()) AS walfile,
+    pg_current_wal_flush_lsn()::text AS flushed, pg_current_wal_insert_lsn()::text AS inserted,
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid,
+    extract(epoch FROM pg_postmaster_start_time())::float8 AS server_started,
+    m.history_timeline, m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
+    current_setting('synchronous_standby_names') AS synchronous_standby_names,
+    current_setting('synchronous_commit') AS synchronous_commit
+FROM store_meta m,
+    (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states
+     FROM pg_stat_replication) r
+
+-- history_unchecked --
+-- The same where the WAL functions are refused (a role, a managed service): no check.
+SELECT NULL::text AS walfile, NULL::text AS flushed, NULL::text AS inserted,
+    NULL::bigint AS next_xid,
+    NULL::float8 AS server_started,
+    m.history_timeline, m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,
+    current_setting('synchronous_standby_names') AS synchronous_standby_names,
+    current_setting('synchronous_commit') AS synchronous_commit
+FROM store_meta m,
+    (SELECT count(*) AS standbys, array_agg(sync_state::text) AS sync_states
+     FROM pg_stat_replication) r
+
+-- record_history_timeline --
+-- The first check on a store created before the history was recorded.
+UPDATE store_meta SET history_timeline = :timeline WHERE history_timeline IS NULL
+
+-- history_for_recovery --
+-- Read under store_meta's row lock by the replica that recovers, so that two replicas
+-- that found the same loss recover it once: the server the last recovery was made on,
+-- the floor, and this server (its timeline, as the position judged, and its start).
+SELECT m.history_timeline, m.history_server_started, m.recovery_opened_at,
+    m.recovery_reason, m.epoch_floor,
+    extract(epoch FROM pg_postmaster_start_time())::float8 AS server_started,
+    extract(epoch FROM now())::float8 + m.clock_offset_s AS now
+FROM store_meta m FOR UPDATE
+
+-- record_recovery --
+-- The recovery window opened, and the server it was made on.
+UPDATE store_meta SET history_timeline = :timeline, history_server_started = :server_started,
+    recovery_opened_at = :now, recovery_reason = :reason

@@ -4,7 +4,14 @@
 temporary directory (`initdb`, trust authentication, on a free 127.0.0.1 port),
 starts it, clones it with `pg_basebackup -R` (a streaming standby) and starts the
 clone on another free port; on exit it stops both (`pg_ctl stop -m immediate`) and
-removes the directory. About 4 s on this project's machine.
+removes the directory. About 4 s on this project's machine. `StandbyPair(standby=False)`
+is the primary alone.
+
+For the histories a store must notice (store/history.py): `both_url` names both servers
+(asyncpg tries them in order: a pool reconnects to the standby while the primary is
+down), `start_old_primary` brings a crashed primary back as a primary, never rewound,
+and `snapshot` / `restore` put a copy of the primary's files back in place while its
+clients stay connected to the address.
 
 The clusters are plain directories, not `pg_createcluster` clusters: nothing is
 registered system-wide, so a test that dies leaves nothing for the next run but a
@@ -52,7 +59,8 @@ class StandbyPair:
     """A primary and its hot standby; `primary_url` and `standby_url` name database
     `postgres` on each, as user `postgres`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, standby: bool = True) -> None:
+        self._with_standby = standby
         self.primary_port = 0
         self.standby_port = 0
         self._dir: Path | None = None
@@ -66,6 +74,15 @@ class StandbyPair:
     @property
     def standby_url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.standby_port}/postgres"
+
+    @property
+    def both_url(self) -> str:
+        """Both servers, the primary first (asyncpg's default target_session_attrs=any:
+        the first that answers, primary or not)."""
+        return (
+            f"postgresql://postgres@127.0.0.1:{self.primary_port},"
+            f"127.0.0.1:{self.standby_port}/postgres"
+        )
 
     def _run(self, tool: str, *args: str) -> None:
         argv = [str(self._bin / tool), *args]
@@ -89,6 +106,8 @@ class StandbyPair:
             self._run("initdb", "-D", str(primary), "-A", "trust", "-U", "postgres", "--no-sync")
             self.primary_port = free_port()
             self._start(primary, self.primary_port)
+            if not self._with_standby:
+                return self
             self._run(
                 "pg_basebackup",
                 "-D",
@@ -166,6 +185,39 @@ class StandbyPair:
         replayed is lost), and wait until it takes writes."""
         assert self._dir is not None
         self._run("pg_ctl", "-D", str(self._dir / "standby"), "-w", "promote")
+
+    def start_old_primary(self) -> None:
+        """Start the primary stopped by `crash_primary` again, as it was: a primary on its
+        old timeline, never rewound, whatever the standby became meanwhile."""
+        assert self._dir is not None
+        self._start(self._dir / "primary", self.primary_port)
+
+    def stop_standby(self) -> None:
+        """Stop the standby (or the primary it was promoted to) hard."""
+        assert self._dir is not None
+        standby = self._dir / "standby"
+        self._run("pg_ctl", "-D", str(standby), "-m", "immediate", "-w", "stop")
+        self._started.remove(standby)
+
+    def snapshot(self) -> None:
+        """A copy of the primary's files now, taken while it runs (pg_basebackup with its
+        WAL), for `restore`."""
+        assert self._dir is not None
+        self._run(
+            "pg_basebackup", "-D", str(self._dir / "snapshot"), "-X", "stream", "-c", "fast",
+            "-h", "127.0.0.1", "-p", str(self.primary_port), "-U", "postgres",
+        )  # fmt: skip
+
+    def restore(self) -> None:
+        """Put the `snapshot` back in place of the primary's files, as a volume restored
+        from a snapshot: the primary stops hard and starts again on the copy, at the
+        same address and on the same timeline, its WAL back where the copy was taken."""
+        assert self._dir is not None
+        primary = self._dir / "primary"
+        self.crash_primary()
+        shutil.rmtree(primary)
+        (self._dir / "snapshot").rename(primary)
+        self._start(primary, self.primary_port)
 
     def _stop(self) -> None:
         for data in reversed(self._started):

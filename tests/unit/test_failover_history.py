@@ -34,9 +34,10 @@ def test_a_process_that_saw_another_timeline_finds_the_loss_in_a_store_never_che
     assert judge(None, Position(2, 900), Position(1, 800)) is not None
 
 
-def test_a_timeline_recorded_by_a_replica_that_recovered_first_is_no_new_loss() -> None:
-    # Another replica recovered and recorded timeline 2; this one last saw timeline 1.
-    assert judge(2, Position(2, 900), Position(1, 950)) is None
+def test_a_timeline_recorded_by_a_replica_that_recovered_first_is_still_a_loss_to_judge() -> None:
+    # Another replica recovered and recorded timeline 2; this one last saw timeline 1:
+    # a loss, which it finds recovered on this server (store/history.py recovered_on).
+    assert judge(2, Position(2, 900), Position(1, 950)) is not None
 
 
 def test_the_wal_going_back_on_one_timeline_is_lost_history() -> None:
