@@ -196,7 +196,10 @@ _PROBLEMS = {
     ),
     ErrorCode.INTERNAL_ERROR: _Problem(500, "Internal error", "a bug; nothing was forwarded"),
     ErrorCode.UPSTREAM_UNREACHABLE: _Problem(
-        502, "Upstream unreachable", "nothing was sent; effect `NOT_SENT`"
+        502,
+        "Upstream unreachable",
+        "nothing was sent (the upstream could not be reached, or the send deadline passed "
+        "first); effect `NOT_SENT`",
     ),
     ErrorCode.UPSTREAM_ANSWER_TOO_LARGE: _Problem(
         502,

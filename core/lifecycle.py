@@ -422,7 +422,10 @@ def plan(
 # -- when an operator may decide ----------------------------------------------------------
 
 # How long past its deadline a DISPATCHING effect is still treated as possibly in
-# flight: the proxy's own timeout has fired by then, and this absorbs scheduling delay.
+# flight. The deadline is admission + send window + upstream timeout (core/send_deadline.py):
+# by then the admitting replica has sent nothing after its window and given up on what
+# it sent; this absorbs the drift between its monotonic clock and the store's over
+# that span, and scheduling delay.
 DEADLINE_MARGIN_S = 2.0
 
 

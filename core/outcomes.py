@@ -27,6 +27,12 @@ class NotSent:
 
 
 @dataclass(frozen=True)
+class TooLateToSend(NotSent):
+    """Connected, but the send deadline (core/send_deadline.py) had passed: the proxy
+    wrote not one byte, on purpose."""
+
+
+@dataclass(frozen=True)
 class Lost:
     """The request may have left, and no usable answer came back."""
 

@@ -109,6 +109,17 @@ CONFIGURATION: dict[str, Key] = {
         "sent: `502 upstream_unreachable`. At most `timeout_s`",
         lambda p: p.upstreams["NAME"].connect_timeout_s,
     ),
+    "upstreams.NAME.send_window_s": Key(
+        "seconds after a fenced write's admission within which it may still be sent, "
+        "counted from before the admission (its wait for a store connection included) and "
+        "checked on the proxy's own monotonic clock once it has a connection, right "
+        "before the first byte; past it nothing is sent (`502 upstream_unreachable`, "
+        "effect `NOT_SENT`), so a replica paused after admitting cannot land a write "
+        "another replica already settled. Other replicas take the write for in flight "
+        "until `send_window_s` + `timeout_s` + 2 s after its admission. At least "
+        "`connect_timeout_s`, at most 60",
+        "5, or `connect_timeout_s` if longer",
+    ),
     "upstreams.NAME.pool": Key("connections per process to this upstream"),
     "upstreams.NAME.pool.fenced": Key(
         "connections for fenced routes", lambda p: p.upstreams["NAME"].pool.fenced
@@ -201,8 +212,10 @@ CONFIGURATION: dict[str, Key] = {
         "required",
     ),
     "routes[].reconcile.settle_s": Key(
-        'how long after dispatch a "not committed" probe answer is believed. Never below '
-        "the upstream's `timeout_s` (refused: a write the proxy gave up on may still land); "
+        'how long after dispatch a "not committed" probe answer is believed, dispatch being '
+        "the latest a write may have been sent (its admission plus the upstream's "
+        "`send_window_s`, or its lost answer's receipt if earlier). Never below the "
+        "upstream's `timeout_s` (refused: a write the proxy gave up on may still land); "
         "size it as the timeout plus the slowest the upstream has been seen to apply a write",
         "the upstream's `timeout_s`",
     ),

@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 from policies.loading_listen import certificates_file
 from policies.model import (
+    DEFAULT_SEND_WINDOW_S,
+    MAX_SEND_WINDOW_S,
     RESOURCE_RE,
     Idempotency,
     Outcome,
@@ -39,11 +41,14 @@ def parse_upstreams(root: Mapping, problems: Problems, base: Path) -> dict[str, 
         if name in upstreams:
             problems.add(child, "upstream name appears twice")
         upstream = Mapping(
-            child, problems, {"url", "timeout_s", "connect_timeout_s", "pool", "ca_bundle"}
+            child,
+            problems,
+            {"url", "timeout_s", "connect_timeout_s", "send_window_s", "pool", "ca_bundle"},
         )
         url = upstream.text("url")
         timeout = upstream.number("timeout_s", default=10, minimum=0.001)
         connect = upstream.number("connect_timeout_s", default=2, minimum=0.001)
+        window = _parse_send_window(upstream, problems, connect)
         if url is not None and not _valid_http_url(url):
             problems.add(upstream.children["url"], f"expected an http(s) URL, got {url!r}")
         if (
@@ -59,10 +64,38 @@ def parse_upstreams(root: Mapping, problems: Problems, base: Path) -> dict[str, 
             float(connect or 2),
             _parse_pool(upstream, problems),
             _parse_ca_bundle(upstream, url, base),
+            window,
         )
     if not upstreams:
         problems.add(node, "at least one upstream is needed")
     return upstreams
+
+
+def _parse_send_window(upstream: Mapping, problems: Problems, connect: object) -> float:
+    """`send_window_s`: how long after its admission a fenced write may still be sent
+    (core/send_deadline.py). At least `connect_timeout_s`, which covers waiting for a
+    pooled connection too: a request that takes that long to get one is allowed to."""
+    connect_s = float(connect) if isinstance(connect, int | float) else 0.0
+    default = max(DEFAULT_SEND_WINDOW_S, connect_s)
+    window = upstream.number("send_window_s", default=default, minimum=0.001)
+    if not isinstance(window, int | float):
+        return default
+    node = upstream.children.get("send_window_s")
+    if node is None:
+        return float(window)
+    if window > MAX_SEND_WINDOW_S:
+        problems.add(
+            node,
+            f"send_window_s ({window:g}) exceeds {MAX_SEND_WINDOW_S:g}: a write admitted on a "
+            "replica that then stalls would block its resource that much longer",
+        )
+    elif window < connect_s:
+        problems.add(
+            node,
+            f"send_window_s ({window:g}) is below connect_timeout_s ({connect_s:g}): a request "
+            "still connecting within its connect timeout would pass its send deadline",
+        )
+    return float(window)
 
 
 def _parse_pool(upstream: Mapping, problems: Problems) -> Pool:

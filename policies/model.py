@@ -125,6 +125,14 @@ class Pool:
     pass_through: int = 256
 
 
+# An admitted fenced write may be sent only this long after its admission began (by
+# default; core/send_deadline.py): enough to connect and wait for a pooled connection.
+DEFAULT_SEND_WINDOW_S = 5.0
+# The longest allowed: each second of it is a second longer that an effect whose
+# replica stalled keeps its resource blocked before another replica may settle it.
+MAX_SEND_WINDOW_S = 60.0
+
+
 @dataclass(frozen=True)
 class Upstream:
     name: str
@@ -135,6 +143,7 @@ class Upstream:
     # The only CAs an https upstream's certificate may chain to (PEM file); None: the
     # system's trust store. Verification is never off.
     ca_bundle: str | None = None
+    send_window_s: float = DEFAULT_SEND_WINDOW_S
 
 
 @dataclass(frozen=True)

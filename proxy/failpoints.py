@@ -13,7 +13,8 @@ The points, in the order a fenced request reaches them:
   before anything else is done.
 * `before_send`: the send deadline was checked and passed and the upstream connection
   is had, right before the request's first byte is written.
-* `sent`: the upstream's answer was read, before its receipt is written.
+* `sent`: the dispatch is over (the upstream's answer read, or its failure known),
+  before its receipt is written.
 """
 
 from __future__ import annotations

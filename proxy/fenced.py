@@ -20,9 +20,10 @@ from yarl import URL
 from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import Answer, Event
-from core.outcomes import Answered, DispatchResult, Lost, NotSent, receipt_event
+from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend, receipt_event
 from core.probing import Conclusion
 from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
+from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import failpoints, forwarding
 from proxy.auth import CREDENTIALS
@@ -101,8 +102,12 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         upstream_timeout_s=route.upstream.timeout_s,
         retain_s=route.idempotency.retain_s,
         upstream_idempotent=route.upstream_idempotent,
+        send_window_s=route.upstream.send_window_s,
     )
     standing = request.config_dict[CREDENTIALS].standing
+    # Started before the admission's transaction begins: the effect's stored deadline
+    # counts from a moment inside it, so this budget always ends first.
+    send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
     decision = await runtime.store.admit(token_hash(token), new, standing)
     if isinstance(decision, UnknownKey):
         assert key is not None  # only a key is unknown
@@ -112,12 +117,15 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         if unknown is not None:
             runtime.metrics.count_request(route.name, "refused")
             return unknown
+        send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
         decision = await runtime.store.admit(token_hash(token), new, standing, key_cleared=True)
         assert not isinstance(decision, UnknownKey)
     if isinstance(decision, Admitted):
         # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
         # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
-        return await asyncio.shield(_dispatch_admitted(request, match, runtime, decision, body))
+        return await asyncio.shield(
+            _dispatch_admitted(request, match, runtime, decision, body, send_by)
+        )
     if isinstance(decision, Replay):
         runtime.metrics.count_request(route.name, "replayed")
         return _replay(decision.record)
@@ -193,7 +201,12 @@ async def _ask_about_unknown_key(
 
 
 async def _dispatch_admitted(
-    request: web.Request, match: RouteMatch, runtime: Runtime, admitted: Admitted, body: bytes
+    request: web.Request,
+    match: RouteMatch,
+    runtime: Runtime,
+    admitted: Admitted,
+    body: bytes,
+    send_by: SendDeadline,
 ) -> web.StreamResponse:
     failpoints.reach(failpoints.ADMITTED)
     route = match.route
@@ -225,9 +238,16 @@ async def _dispatch_admitted(
             url,
             headers,
             forwarding.upstream_body(request, body),
+            send_by,
         )
-        runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
-        failpoints.reach(failpoints.SENT)
+        if isinstance(result, TooLateToSend):
+            # This replica was slow (paused, overloaded) between its admission and its
+            # send: another may already have taken the effect for never sent.
+            log.warning("%s not sent: %s", effect.id, result.reason)
+            runtime.metrics.count_send_deadline_passed(route.name)
+        else:
+            runtime.metrics.observe_upstream(route.name, time.monotonic() - started)
+            failpoints.reach(failpoints.SENT)
     if isinstance(result, Lost) and runtime.shutting_down:
         result = Lost("the proxy shut down (grace period over) before the answer arrived")
     event, reason = receipt_event(result, route.outcomes)

@@ -6,9 +6,11 @@ request whose pooled connection turned out closed; a PUT may still have landed).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import ssl
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -16,7 +18,8 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from core.outcomes import Answered, DispatchResult, Lost, NotSent
+from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend
+from core.send_deadline import SendDeadline
 from policies import Upstream
 from policies.tls import upstream_context
 from proxy import failpoints
@@ -59,12 +62,48 @@ def proxy_owned(name: str) -> bool:
     return name.lower().startswith("fence-")
 
 
+def _send_clock() -> Callable[[], float]:
+    """The clock of the send deadline: monotonic, and on Linux counting the time the
+    machine was suspended too (CLOCK_BOOTTIME), since a pause is what it must see."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    return functools.partial(time.clock_gettime, boottime)
+
+
+SEND_CLOCK = _send_clock()
+# The send deadline of the fenced request this task is sending (`dispatch` sets it): the
+# request class is the session's, and this is how one request's deadline reaches it.
+_SEND_DEADLINE: contextvars.ContextVar[SendDeadline | None] = contextvars.ContextVar(
+    "send_deadline", default=None
+)
+
+
+class SendDeadlinePassed(Exception):
+    """Raised in `FencedRequest.send`, before any byte is written."""
+
+    def __init__(self, deadline: SendDeadline, overdue_s: float) -> None:
+        super().__init__(
+            f"the send deadline ({deadline.window_s:g}s after admission) passed "
+            f"{overdue_s:.3f}s before the request could be sent"
+        )
+
+
 class FencedRequest(aiohttp.ClientRequest):
     """A fenced request: `send` runs once the connection is had, before the request's
     first byte is written (aiohttp buffers the head until the body or the end is
-    written, both inside `send`)."""
+    written, both inside `send`), so the send deadline is checked as late as it can be.
+    Refused, nothing is written and aiohttp closes the connection. `request_class` is
+    ClientSession's documented hook; tests/unit/test_send_deadline.py pins that `send`
+    still runs after the connect and before any byte, so an aiohttp that changes it
+    fails a test, not a write."""
 
     async def send(self, conn: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        deadline = _SEND_DEADLINE.get()
+        if deadline is not None:
+            overdue_s = deadline.overdue_s()
+            if overdue_s > 0:
+                raise SendDeadlinePassed(deadline, overdue_s)
         failpoints.reach(failpoints.BEFORE_SEND)
         return await super().send(conn)
 
@@ -256,10 +295,13 @@ async def dispatch(
     url: URL,
     headers: CIMultiDict[str],
     body: bytes | None,
+    send_deadline: SendDeadline | None = None,
 ) -> tuple[DispatchResult, UpstreamResponse | None]:
-    """Send once and read the whole answer. Only a failure to connect proves nothing
-    left. An answer over UPSTREAM_BODY_LIMIT is still an answer (its status says what
-    happened), with no body."""
+    """Send once and read the whole answer. Only a failure to connect, or the send
+    deadline found passed before the first byte (on a session of FencedRequest),
+    proves nothing left. An answer over UPSTREAM_BODY_LIMIT is still an answer (its
+    status says what happened), with no body."""
+    deadline_set = _SEND_DEADLINE.set(send_deadline)
     try:
         async with session.request(
             method,
@@ -275,6 +317,8 @@ async def dispatch(
             if payload is None:
                 return Answered(response.status), UpstreamResponse(*answered, b"", True)
             return Answered(response.status), UpstreamResponse(*answered, payload)
+    except SendDeadlinePassed as exc:
+        return TooLateToSend(str(exc)), None
     except aiohttp.ConnectionTimeoutError as exc:
         return NotSent(f"connect timeout after {upstream.connect_timeout_s}s ({exc})"), None
     except aiohttp.ClientConnectorError as exc:
@@ -285,3 +329,5 @@ async def dispatch(
         return Lost(f"no complete answer within {upstream.timeout_s}s"), None
     except (aiohttp.ClientError, OSError) as exc:
         return Lost(f"{type(exc).__name__}: {exc}"), None
+    finally:
+        _SEND_DEADLINE.reset(deadline_set)

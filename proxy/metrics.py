@@ -142,6 +142,13 @@ class Metrics:
         )
         for how in SHED_HOW:
             self.connections_shed.labels(how)
+        self.send_deadline_passed = Counter(
+            "fenceproxy_send_deadline_passed",
+            "Admitted fenced writes not sent because their send deadline had passed (the "
+            "replica was slow between admission and send), by route",
+            ["route"],
+            registry=self.registry,
+        )
 
         # prometheus-client's labels() takes a lock and builds a key on every call;
         # the label sets are few (routes x outcomes, codes), so keep the children.
@@ -159,6 +166,9 @@ class Metrics:
 
     def count_refusal(self, code: str) -> None:
         self._child(self.refusals, code).inc()
+
+    def count_send_deadline_passed(self, route: str) -> None:
+        self._child(self.send_deadline_passed, route).inc()
 
     def count_probe(self, conclusion: str) -> None:
         self._child(self.probes, conclusion).inc()

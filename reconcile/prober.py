@@ -23,6 +23,7 @@ from yarl import URL
 from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord
+from core.send_deadline import sent_by
 from policies import Policy, Route
 from policies.tls import upstream_context
 from store import Store, StoreUnavailable
@@ -155,12 +156,14 @@ async def probe_effect(
     # The settle window is judged at the time of asking, on the authority's clock.
     asked_at = await store.now()
     status, error = await ask_upstream(session, route, effect)
-    verdict = judge_probe(status, error, route.reconcile, effect.created_at, asked_at)
+    # The settle window counts from the latest moment the request can have been sent.
+    sent = sent_by(effect.created_at, effect.deadline, route.upstream.timeout_s, effect.finished_at)
+    verdict = judge_probe(status, error, route.reconcile, sent, asked_at)
     retry_at = None
     counted = not verdict.early
     if verdict.conclusion is Conclusion.INCONCLUSIVE:
         attempts = effect.probe_attempts + (1 if counted else 0)
-        retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, await store.now())
+        retry_at = next_probe_at(attempts, route.reconcile, sent, await store.now())
     detail = noted(verdict.detail)
     recorded = await store.record_probe(
         effect.id, verdict.event, status, detail, retry_at, counted=counted, actor=actor

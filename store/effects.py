@@ -24,6 +24,7 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
+from core.send_deadline import in_flight_until
 from store.base import Row, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
@@ -120,7 +121,7 @@ class Effects(StorePart):
                 state=EffectState.DISPATCHING,
                 instance_id=self.instance_id,
                 created_at=tx.now,
-                deadline=tx.now + new.upstream_timeout_s,
+                deadline=in_flight_until(tx.now, new.send_window_s, new.upstream_timeout_s),
                 finished_at=None,
                 upstream_status=None,
                 reason=None,

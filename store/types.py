@@ -26,6 +26,10 @@ class NewEffect:
     upstream_timeout_s: float
     retain_s: float
     upstream_idempotent: bool = False
+    # How long after its admission the request may still be sent (core/send_deadline.py):
+    # the effect is taken for in flight that much longer. 0: it is sent at once, or
+    # never (callers that send nothing themselves: tests, benchmarks).
+    send_window_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ class Cluster:
 
     async def restart(self, index: int, env: dict[str, str] | None = None) -> None:
         old = self.replicas[index]
-        proxy = self.fleet.spawn_proxy(old.name, old.config_path, old.port, extra_env=env)
+        proxy = self.fleet.spawn_proxy(old.name, old.config_path, old.port, env=env)
         self.replicas[index] = proxy
         if env:
             self.armed.add(index)

@@ -18,7 +18,8 @@ What is called, and what each call stands for:
 | restart                | close(); a new Store, same instance id; open();       |
 |                        | recover(instance_id, margin_s)                        |
 | probe (claim)          | claim_due_probes(limit, claim_s)                      |
-| probe (answer)         | effect(id); now(); judge_probe (at the time asked)    |
+| probe (answer)         | effect(id); now(); judge_probe (at the time asked,    |
+|                        | from the latest send: sent_by)                        |
 |                        | and next_probe_at as reconcile/prober.py does;        |
 |                        | record_probe(id, event, status, detail, next, counted)|
 | operator resolve       | resolve(id, outcome, reason, operator)                |
@@ -44,6 +45,7 @@ from core.lifecycle import Answer, Event
 from core.outcomes import Answered, DispatchResult, receipt_event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
+from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
 
@@ -291,6 +293,7 @@ class Replica:
             upstream_timeout_s=route.upstream.timeout_s,
             retain_s=route.idempotency.retain_s,
             upstream_idempotent=route.upstream_idempotent,
+            send_window_s=route.upstream.send_window_s,
         )
         decision = await self.store.admit(token_hash, new)
         if isinstance(decision, Admitted):
@@ -352,13 +355,16 @@ class Replica:
         assert route.reconcile is not None
         effect = claimed.record
         now = await self.store.now()
-        verdict = judge_probe(status, None, route.reconcile, effect.created_at, asked_at)
+        sent = sent_by(
+            effect.created_at, effect.deadline, route.upstream.timeout_s, effect.finished_at
+        )
+        verdict = judge_probe(status, None, route.reconcile, sent, asked_at)
         settles = _SETTLES.get(verdict.conclusion)
         retry_at = None
         counted = not verdict.early
         if settles is None:
             attempts = effect.probe_attempts + (1 if counted else 0)
-            retry_at = next_probe_at(attempts, route.reconcile, effect.created_at, now)
+            retry_at = next_probe_at(attempts, route.reconcile, sent, now)
         # record_probe counts an attempt only on an effect still UNKNOWN; a read just
         # before tells the checks whether it was.
         current = await self.store.effect(effect.id)

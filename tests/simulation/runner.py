@@ -235,6 +235,8 @@ class Run:
             return "respond", False
         if w._receivable():
             return "receive", False
+        if w._sendable():
+            return "send", False
         if w._deliverable_probes():
             return "probe_answer", False
         if w.probes:
@@ -262,6 +264,8 @@ class Run:
             w.note(f"{d.name}: the upstream's answer {d.status} arrives")
         elif kind == "receive":
             await w.receive(w.dispatches[w._receivable()[0]])
+        elif kind == "send":
+            await w.send(w.dispatches[w._sendable()[0]])
         elif kind == "probe_answer":
             await w.answer_probe(w.probes.pop(w._deliverable_probes()[0]))
         elif kind == "advance":

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from core.lifecycle import DEADLINE_MARGIN_S
-from core.outcomes import Answered, DispatchResult, Lost, NotSent
+from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend
+from core.send_deadline import sent_by
 from policies import Policy, Route, parse_policy
 from tests.simulation import driver, tables
 from tests.simulation.driver import Authority, Claimed, Replica
@@ -50,20 +51,23 @@ PROBE_BATCH = 64
 MAX_STEPS_WITHOUT_ADVANCE = 12
 TTLS = (17.5, 31.5, 52.5, 73.5)
 RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission and landing
+# How often a replica pauses between an admission and its send (the send deadline's case).
+HELD = 0.1
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long
 HOLDERS = ("w0", "w1", "w2", "w3")
 REPLICAS = ("proxy-a", "proxy-b")
 
 # Durations are k * TICK_S + 3.5 (settle_s, retain_s, TTLs, claim) or
 # k * TICK_S + 1.75 (timeouts: timeout + the 2 s margin and TTL - timeout then fall
-# at +3.75 and +1.75), all at least 0.5 s from the tick grid.
+# at +3.75 and +1.75), all at least 0.5 s from the tick grid. The send window is one
+# tick: the deadline (admission + window + timeout) keeps the timeout's offset.
 POLICY = """\
 version: 1
 store: "sqlite:///unused.db"
 leases: {min_ttl_s: 1, max_ttl_s: 600, default_ttl_s: 10.5}
 upstreams:
-  slow: {url: "http://upstream.invalid", timeout_s: 8.75, connect_timeout_s: 1}
-  fast: {url: "http://upstream.invalid", timeout_s: 1.75, connect_timeout_s: 1}
+  slow: {url: "http://upstream.invalid", timeout_s: 8.75, connect_timeout_s: 1, send_window_s: 7}
+  fast: {url: "http://upstream.invalid", timeout_s: 1.75, connect_timeout_s: 1, send_window_s: 7}
 routes:
   # Orders: a key per operation; the upstream does not deduplicate.
   - name: orders
@@ -139,6 +143,7 @@ WEIGHTS = {
     "land": 6.0,
     "respond": 3.0,
     "receive": 14.0,
+    "send": 3.0,
     "stall": 1.0,
     "unstall": 2.0,
     "restart": 0.5,
@@ -213,6 +218,11 @@ class Dispatch:
     # not before this tick.
     record_not_before: int = 0
     recorded: bool = False
+    # Its proxy paused between the admission and the send: nothing has left yet, and
+    # a `send` step decides, by the send deadline, whether anything ever does.
+    held: bool = False
+    admitted_tick: int = 0
+    too_late: bool = False  # the send step found the send deadline passed: never sent
 
     @property
     def name(self) -> str:
@@ -220,7 +230,7 @@ class Dispatch:
 
     @property
     def in_transit(self) -> bool:
-        return not self.landed and self.fate is not Fate.REFUSED
+        return not self.landed and self.fate is not Fate.REFUSED and not self.held
 
 
 @dataclass
@@ -327,6 +337,7 @@ class World:
             "land": bool(self._unlanded()),
             "respond": bool(self._late_answers()),
             "receive": bool(self._receivable()),
+            "send": bool(self._sendable()),
             "stall": len(running) > 1,
             "unstall": bool(stalled),
             "restart": True,
@@ -576,8 +587,10 @@ class World:
             mode,
             status,
             land_by_tick=self.tick + int(route.reconcile.settle_s // TICK_S),
+            admitted_tick=self.tick,
         )
-        if self.rng.random() < 0.15:
+        d.held = self.rng.random() < HELD
+        if not d.held and self.rng.random() < 0.15:
             d.record_not_before = self.tick + self.rng.randint(1, 3)
         self.dispatches[seq] = d
         self.pending.append(seq)
@@ -586,11 +599,15 @@ class World:
             names = ", ".join(self.checker.by_id[i].name for i in sorted(result.resends))
             resent = f" resending {names}"
         slow = f"; its proxy pauses until t={d.record_not_before}" if d.record_not_before else ""
+        if d.held:
+            slow = "; its proxy pauses before sending"
         self.note(f"{label}: E{seq} admitted{resent}; upstream {fate.value}, {mode.value}{slow}")
         if result.resends and self.rng.random() < RESEND_RACE:
             # The prober asks about the sends this one resends before it lands: a "not
             # found" settles them while the resend is on its way (issue 22, item 6).
             await self.do_probe(immediate=True)
+        if d.held:
+            return
         if fate is not Fate.REFUSED and self.rng.random() < 0.6:
             self.land(d)
             if self.rng.random() < 0.5 and self.receivable(d):
@@ -638,7 +655,7 @@ class World:
         ]
 
     def receivable(self, d: Dispatch) -> bool:
-        if d.recorded or d.orphaned or d.record_not_before > self.tick:
+        if d.recorded or d.orphaned or d.held or d.record_not_before > self.tick:
             return False
         if d.fate is Fate.REFUSED:
             return True
@@ -667,7 +684,37 @@ class World:
     async def do_receive(self) -> None:
         await self.receive(self.dispatches[self.rng.choice(self._receivable())])
 
+    def _sendable(self) -> list[int]:
+        return [
+            s
+            for s in self.pending
+            if self.dispatches[s].held and not self.replicas[self.dispatches[s].replica].stalled
+        ]
+
+    async def do_send(self) -> None:
+        await self.send(self.dispatches[self.rng.choice(self._sendable())])
+
+    async def send(self, d: Dispatch) -> None:
+        """A proxy paused between admission and send goes on: it sends only while its
+        send deadline (the upstream's send window after the admission, on its own
+        clock: the simulated one) has not passed; past it, nothing leaves and the
+        receipt is NOT_SENT, whatever the other replica settled meanwhile."""
+        d.held = False
+        waited = (self.tick - d.admitted_tick) * TICK_S
+        if waited > d.route.upstream.send_window_s:
+            d.too_late = True
+            self.note(f"{d.name}: its proxy goes on {waited:g}s after admission: too late")
+            await self.receive(d)
+            return
+        assert d.route.reconcile is not None
+        d.land_by_tick = self.tick + int(d.route.reconcile.settle_s // TICK_S)
+        self.note(f"{d.name}: its proxy goes on {waited:g}s after admission and sends")
+        if d.fate is not Fate.REFUSED and self.rng.random() < 0.6:
+            self.land(d)
+
     def dispatch_result(self, d: Dispatch) -> DispatchResult:
+        if d.too_late:
+            return TooLateToSend("the send deadline passed before the send")
         if d.fate is Fate.REFUSED:
             return NotSent("connection refused")
         if d.landed and d.answer_at is not None and d.answer_at <= d.deadline:
@@ -774,7 +821,14 @@ class World:
                 seq,
                 status,
                 self.now,
-                self.now < c.created_at + d.route.reconcile.settle_s,
+                self.now
+                < sent_by(
+                    c.created_at,
+                    c.record.deadline,
+                    d.route.upstream.timeout_s,
+                    c.record.finished_at,
+                )
+                + d.route.reconcile.settle_s,
                 lie,
             )
             now = self.rng.random() < 0.6 if immediate is None else immediate

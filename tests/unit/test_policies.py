@@ -149,6 +149,27 @@ def test_top_level_defaults_apply_when_sections_are_absent() -> None:
     assert policy.admin_token_env is None
     assert policy.upstreams["supplier"].timeout_s == 10
     assert policy.upstreams["supplier"].connect_timeout_s == 2
+    assert policy.upstreams["supplier"].send_window_s == 5
+
+
+def test_the_send_window_defaults_to_the_connect_timeout_when_that_is_longer() -> None:
+    text = edit("timeout_s: 5, connect_timeout_s: 1}", "timeout_s: 9, connect_timeout_s: 7}")
+    assert parse_policy(text).upstreams["supplier"].send_window_s == 7
+    text = edit("connect_timeout_s: 1}", "connect_timeout_s: 1, send_window_s: 1.5}")
+    assert parse_policy(text).upstreams["supplier"].send_window_s == 1.5
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        ("0.5", "send_window_s (0.5) is below connect_timeout_s (1)"),
+        ("61", "send_window_s (61) exceeds 60"),
+        ("0", "must be at least 0.001"),
+    ],
+)
+def test_a_send_window_out_of_bounds_is_refused(window: str, message: str) -> None:
+    text = edit("connect_timeout_s: 1}", f"connect_timeout_s: 1, send_window_s: {window}}}")
+    assert_single_problem(text, 6, "upstreams.supplier.send_window_s", message)
 
 
 def test_upstream_url_loses_its_trailing_slash() -> None:

@@ -114,7 +114,7 @@ leases: {min_ttl_s: 0.1, max_ttl_s: 60, default_ttl_s: 5}
 $limits
 $quotas
 upstreams:
-  supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5$pool}
+  supplier: {url: $url, timeout_s: $timeout_s, connect_timeout_s: 0.5, send_window_s: 0.5$pool}
 routes:
   - name: place-order
     upstream: supplier

@@ -61,7 +61,8 @@ async def test_effect_receipt_records_the_whole_story(fence: Fence) -> None:
         "path": "/orders/widget",
         "state": "COMMITTED",
         "created_at": fence.clock.approx(dispatched_at),
-        "deadline": effect["created_at"] + 1,
+        # In flight until its send window (0.5 s) and upstream timeout (1 s) are over.
+        "deadline": effect["created_at"] + 1.5,
         "finished_at": fence.clock.approx(dispatched_at),
         "upstream_status": 201,
     }

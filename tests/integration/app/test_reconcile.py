@@ -87,7 +87,9 @@ async def key_rows(fence: Fence, key: str) -> list[tuple[Any, ...]]:
     )
 
 
-def new_effect(resource: str, key: str, upstream_timeout_s: float = 1.0) -> NewEffect:
+def new_effect(
+    resource: str, key: str, upstream_timeout_s: float = 1.0, send_window_s: float = 0.0
+) -> NewEffect:
     return NewEffect(
         route="place-order",
         resource=resource,
@@ -98,6 +100,7 @@ def new_effect(resource: str, key: str, upstream_timeout_s: float = 1.0) -> NewE
         max_in_flight=1,
         upstream_timeout_s=upstream_timeout_s,
         retain_s=60,
+        send_window_s=send_window_s,
     )
 
 
@@ -195,6 +198,38 @@ async def test_not_found_before_settle_s_does_not_free_the_key(make_fence: Fence
     assert "Idempotent-Replayed" not in retry.headers
     assert retry.headers["Fence-Effect-Id"] != effect_id
     assert await fence.upstream_orders() == 1
+
+
+async def test_the_settle_window_counts_from_the_latest_send(make_fence: FenceFactory) -> None:
+    """A write may be sent as late as its send window after its admission, and land as
+    late after that: an effect with no receipt, swept UNKNOWN, is probed, and a "not
+    found" asked settle_s after its admission, but not settle_s after the latest send,
+    proves nothing yet."""
+    settle_s, window_s, timeout_s = 5.0, 3.0, 1.0
+    fence = await make_fence(reconcile=PROBE_BY_KEY.replace("settle_s: 2", f"settle_s: {settle_s}"))
+    lease = await fence.acquire(RESOURCE, "worker-a", ttl_s=30)
+    replica = open_store(fence.store_url, fence.clock, "replica-2:8080")
+    await replica.open()
+    try:
+        new = new_effect(RESOURCE, "k-1", upstream_timeout_s=timeout_s, send_window_s=window_s)
+        effect_id = await dispatching(replica, lease["token"], new)
+    finally:
+        await replica.close()
+
+    # Past the sweep (deadline + margin) and settle_s after the admission, but not
+    # settle_s after the latest send.
+    fence.clock.advance(window_s + timeout_s + DEADLINE_MARGIN_S + 0.5)
+    early = await wait_for_effect(fence, effect_id, "swept and probed", probed)
+    assert early["state"] == "UNKNOWN", early
+    [probe] = events_of(early, "probe")
+    assert (probe["upstream_status"], probe["conclusion"]) == (404, "inconclusive"), probe
+    assert early["next_probe_at"] >= early["created_at"] + window_s + settle_s
+    assert await key_rows(fence, "k-1") == [(effect_id,)]
+
+    fence.clock.advance(2.0)
+    effect = await wait_for_effect(fence, effect_id, "settled after the window", settled)
+    assert effect["state"] == "NOT_COMMITTED", effect
+    assert await key_rows(fence, "k-1") == []
 
 
 # --- (c) no reconcile block: an operator decides --------------------------------------------
@@ -344,7 +379,7 @@ async def test_sweep_marks_another_instances_overdue_effect_unknown(
     fence = await make_fence()
     leases = {
         name: (await fence.acquire(f"supplier:{name}", "worker-a", ttl_s=30))["token"]
-        for name in ("overdue", "margin", "live")
+        for name in ("overdue", "margin", "window", "live")
     }
     replica = open_store(fence.store_url, fence.clock, "replica-2:8080")
     await replica.open()
@@ -359,6 +394,15 @@ async def test_sweep_marks_another_instances_overdue_effect_unknown(
             replica,
             leases["margin"],
             new_effect("supplier:margin", "k", upstream_timeout_s=SWEEP_ADVANCE_S - 0.1),
+        )
+        # The same upstream timeout as the overdue one, but a send window too: it may
+        # still be sent that much later, and is in flight that much longer.
+        window = await dispatching(
+            replica,
+            leases["window"],
+            new_effect(
+                "supplier:window", "k", upstream_timeout_s=1, send_window_s=SWEEP_ADVANCE_S - 1.1
+            ),
         )
         live = await dispatching(
             replica, leases["live"], new_effect("supplier:live", "k", upstream_timeout_s=20)
@@ -377,6 +421,7 @@ async def test_sweep_marks_another_instances_overdue_effect_unknown(
     assert "deadline" in events_of(swept, "recover")[0]["detail"]
     # The same sweep transaction saw these and left them alone.
     assert (await fence.effect(margin))["state"] == "DISPATCHING"
+    assert (await fence.effect(window))["state"] == "DISPATCHING"
     assert (await fence.effect(live))["state"] == "DISPATCHING"
     assert events_of(await fence.effect(margin), "recover") == []
     assert (await fence.lease("supplier:overdue"))["blocked"] is True

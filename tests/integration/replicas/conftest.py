@@ -64,8 +64,10 @@ def proxy_config(
     *,
     timeout_s: float = 0.3,
     settle_s: float | None = None,
+    send_window_s: float | None = None,
 ) -> dict[str, Any]:
-    """`settle_s` defaults to the upstream timeout, the shortest the policy allows."""
+    """`settle_s` defaults to the upstream timeout, the shortest the policy allows;
+    `send_window_s` to the policy's default."""
     config: dict[str, Any] = {
         "version": 1,
         "listen": {"host": "127.0.0.1", "port": port},
@@ -115,6 +117,8 @@ def proxy_config(
             },
         ],
     }
+    if send_window_s is not None:
+        config["upstreams"]["demo"]["send_window_s"] = send_window_s
     if store_url.startswith("postgresql:"):
         config["store_pool"] = {"min_size": 1, "max_size": 4}
     return config
@@ -191,11 +195,17 @@ class Fleet:
         port: int | None = None,
         timeout_s: float = 0.3,
         settle_s: float | None = None,
+        send_window_s: float | None = None,
     ) -> tuple[Path, int]:
         port = port or free_port()
         path = self.tmp_path / f"{name}.yaml"
         config = proxy_config(
-            port, self.upstream_url, store_url, timeout_s=timeout_s, settle_s=settle_s
+            port,
+            self.upstream_url,
+            store_url,
+            timeout_s=timeout_s,
+            settle_s=settle_s,
+            send_window_s=send_window_s,
         )
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path, port
@@ -207,10 +217,10 @@ class Fleet:
         port: int,
         *,
         skew_s: float | None = None,
-        extra_env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Proxy:
-        """Start a replica (not waiting for it); `skew_s` shifts its process clock;
-        `extra_env` adds to its environment (FENCEPROXY_FAILPOINTS, for one)."""
+        """Start a replica (not waiting for it); `skew_s` shifts its process clock, `env`
+        adds to its environment (e.g. FENCEPROXY_FAILPOINTS)."""
         serve = ["serve", "--config", str(config_path), "--grace", "1"]
         if skew_s is None:
             argv = [sys.executable, "-m", "proxy.cli", *serve]
@@ -222,7 +232,7 @@ class Fleet:
             **_environ(),
             ADMIN_TOKEN_ENV: self.admin_token,
             INSTANCE_ID_ENV: instance_id,
-            **(extra_env or {}),
+            **(env or {}),
         }
         number = sum(p.name == name for p in self.proxies)
         log_name = name if number == 0 else f"{name}-{number + 1}"
