@@ -101,7 +101,9 @@ def test_told_nothing_was_sent_for_an_effect_that_arrived() -> None:
     ]
     records = [applied(1, "w0-0", 1)]
     arrivals = [Arrival("e1", "w0-0", "1")]
-    assert rules(judge(records, arrivals, grants, attempts)) == ["not_sent, says the answer"]
+    assert rules(judge(records, arrivals, grants, attempts)) == [
+        "upstream_unreachable, says the answer"
+    ]
 
 
 def test_a_refusal_naming_another_effect_claims_nothing_of_it() -> None:
@@ -115,19 +117,21 @@ def test_a_refusal_naming_another_effect_claims_nothing_of_it() -> None:
     assert judge(records, arrivals, grants, attempts) == []
 
 
-def test_told_not_applied_for_an_effect_that_arrived() -> None:
+def test_told_not_applied_for_an_effect_the_upstream_applied() -> None:
     grants = [grant("w0", 1)]
     attempts = [attempt("w0-0", 1, Told.NOT_APPLIED, code="effect_settled", effect_id="e1")]
     records = [applied(1, "w0-0", 1)]
     arrivals = [Arrival("e1", "w0-0", "1")]
-    assert rules(judge(records, arrivals, grants, attempts)) == ["not_applied, says the answer"]
+    assert rules(judge(records, arrivals, grants, attempts)) == ["not applied, say all the answers"]
+    # Its headers reached the upstream, its body did not: nothing was applied.
+    assert judge([], arrivals, grants, attempts) == []
 
 
 def test_every_attempt_refused_and_yet_applied_at_that_epoch() -> None:
     grants = [grant("w0", 1)]
     attempts = [attempt("w0-0", 1, Told.NOT_SENT, code="resource_blocked")]
     records = [applied(1, "w0-0", 1)]
-    assert rules(judge(records, [], grants, attempts)) == ["not sent, say all the answers"]
+    assert rules(judge(records, [], grants, attempts)) == ["not applied, say all the answers"]
 
 
 def test_answers_are_classified_by_what_they_claim() -> None:
