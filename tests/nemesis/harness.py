@@ -690,7 +690,9 @@ def temporary_fleet() -> Any:
             fleet.close()
 
 
-BACKENDS = ("postgres", "sqlite", "standby", "patroni", "patroni-sync")
+BACKENDS = ("postgres", "sqlite", "standby", "standby-old-primary", "patroni", "patroni-sync")
+# How long the promoted standby serves alone before the old primary comes back.
+OLD_PRIMARY_BACK_S = 2.0
 
 
 async def run_seed(
@@ -705,7 +707,10 @@ async def run_seed(
     """One seed on a fresh store of `backend`: "postgres" (a fresh database on the server of
     `admin_url`, through the relay), "sqlite" (one replica: a SQLite store has one
     process), "standby" (a primary and its synchronous standby of this run's own, both
-    named in the store URL, and a failover among the faults), "patroni" or
+    named in the store URL, and a failover among the faults), "standby-old-primary" (the
+    same with an asynchronous standby, and the old primary started again as it was, a
+    primary on its old timeline, 2 s after the promotion: two primaries behind one URL,
+    the old one first), "patroni" or
     "patroni-sync" (two nodes managed by Patroni with etcd, `synchronous_mode` off or
     on; the leader killed or switched over among the faults)."""
     if backend not in BACKENDS:
@@ -713,7 +718,7 @@ async def run_seed(
     faults = frozenset({FaultKind.PAUSE, FaultKind.KILL, FaultKind.FAILPOINT})
     if backend == "postgres":
         faults |= {FaultKind.RELAY}
-    if backend == "standby":
+    if backend.startswith("standby"):
         faults |= {FaultKind.FAILOVER}
     if backend.startswith("patroni"):
         faults |= {FaultKind.LEADER}
@@ -752,14 +757,19 @@ async def run_seed(
                     )
                 finally:
                     fleet.stop_proxies()
+        old_back = backend == "standby-old-primary"
         with StandbyPair() as pair:
-            pair.make_synchronous()
+            if not old_back:
+                pair.make_synchronous()
             hosts = f"127.0.0.1:{pair.primary_port},127.0.0.1:{pair.standby_port}"
             url = f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
 
             def failover() -> None:
                 pair.crash_primary()
                 pair.promote()
+                if old_back:
+                    time.sleep(OLD_PRIMARY_BACK_S)
+                    pair.start_old_primary()
 
             try:
                 return await run_schedule(schedule, fleet, url, backend=backend, failover=failover)
