@@ -63,7 +63,7 @@ _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def require_patroni() -> None:
     for binary, package in ((ETCD, "etcd-server"), (PATRONI, "patroni")):
         if not binary.exists():
-            missing(f"{binary} is not installed (Debian's {package} package)")
+            missing(f"{binary} is not installed (Debian's {package} package; .ci/run installs it)")
     require_postgres_bin()
 
 
