@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint docs bench mutate simulate fuzz-http refusal-flood clean wheel image
+.PHONY: run test lint docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -91,6 +91,20 @@ FUZZ ?= 100000
 fuzz-http: $(STAMP)
 	WIRE_EXAMPLES=$$(( ($(FUZZ) + 6) / 7 )) WIRE_DATABASE=.hypothesis/wire-fuzz WIRE_TIMEOUT_S=0 \
 		$(VENV)/bin/pytest tests/wire -p no:cacheprovider -q
+
+# The nemesis (tests/nemesis, docs/contributing/nemesis.md): seeds from SEED, one after
+# another, for DURATION seconds in all (RUN_S each), workers through real replicas while
+# replicas are paused and killed and the store fails over; judged by the upstream's own
+# records. Exits non-zero on any violation; its report replays the seed.
+# CHAOS_BACKENDS: any of postgres (the server of `make test`), standby (a primary and a
+# synchronous standby of the run's own, failed over once per seed), sqlite.
+DURATION ?= 300
+RUN_S ?= 30
+CHAOS_BACKENDS ?= postgres standby sqlite
+chaos: export FENCEPROXY_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+chaos: $(STAMP)
+	$(PY) -m tests.nemesis --seed $(SEED) --duration $(DURATION) --run-s $(RUN_S) \
+		$(foreach backend,$(CHAOS_BACKENDS),--backend $(backend))
 
 clean:
 	rm -rf $(VENV) state dist build site .pytest_cache .mypy_cache .ruff_cache .hypothesis
