@@ -134,6 +134,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         )
     if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if declared is not None and request.content.is_eof():
+        # Every byte it declared is already here (a small body arrives with its head):
+        # nothing to wait for, so no timer to arm and cancel.
+        return await request.content.read()
     timeout_s = request.config_dict.get(BODY_TIMEOUT)
     try:
         async with asyncio.timeout(timeout_s):
