@@ -48,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T
+from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
@@ -96,6 +96,16 @@ class SQLiteTx:
         for sql in statements[:-1]:
             self._conn.execute(sql, params)
         return statements[-1]
+
+    def guarded(self, query: str, params: dict[str, Any]) -> bool:
+        """Runs the block's first statement, and the rest only if it changed a row:
+        whether it did."""
+        first, *rest = self._queries[query]
+        if self._conn.execute(first, params).rowcount == 0:
+            return False
+        for sql in rest:
+            self._conn.execute(sql, params)
+        return True
 
     async def one(self, query: str, **params: Any) -> Row | None:
         rows = await self.all(query, **params)
@@ -467,11 +477,18 @@ class SQLiteConnector:
         return await self._writes.submit(operation)
 
     async def statement(self, query: str, **params: Any) -> Row | None:
-        """A block as a transaction of its own: nothing to save here, where a
-        transaction costs no round trip, so every such block is empty (see receipt)."""
-        if self._queries[query]:
-            raise StoreError(f"{query} is a block of several steps on SQLite")
-        return None
+        """A block as a write transaction of its own, at the transaction's time (`now`):
+        its first statement decides, the rest run only if it changed a row. Its row
+        answers `now` and whether it was `applied` (no store id to check here: the
+        file's identity is, after the COMMIT). None for an empty block."""
+        if not self._queries[query]:
+            return None
+
+        async def operation(tx: Tx) -> Row:
+            assert isinstance(tx, SQLiteTx)  # this connector's
+            return {"now": tx.now, "applied": tx.guarded(query, {**params, "now": tx.now})}
+
+        return await self.write(operation)
 
     async def read(self, operation: Operation[T]) -> T:
         if self._reads is None:
