@@ -49,6 +49,17 @@ def ratios(measurements: list[Measurement]) -> dict[int, float]:
     return {concurrency: statistics.median(found) for concurrency, found in per_round.items()}
 
 
+def fenced_cpu(measurements: list[Measurement]) -> dict[int, float]:
+    """fenceproxy's CPU ms per fenced request for each concurrency measured: the median
+    of the rounds (steadier than req/s on a loaded machine)."""
+    per_round: dict[int, list[float]] = {}
+    for m in measurements:
+        cost = cpu_ms_per_request(m).get("fenceproxy") if m.target == FENCED else None
+        if cost is not None:
+            per_round.setdefault(m.concurrency, []).append(cost)
+    return {concurrency: statistics.median(found) for concurrency, found in per_round.items()}
+
+
 def median_round(
     measurements: list[Measurement], target: str, concurrency: int | None = None
 ) -> Measurement | None:
@@ -87,6 +98,11 @@ def report_table(measurements: list[Measurement]) -> list[str]:
     lines.extend(
         f"fenced/plain req/s at concurrency {concurrency}: {ratio:.2f} (median of the rounds)"
         for concurrency, ratio in ratios(measurements).items()
+    )
+    lines.extend(
+        f"fenceproxy CPU ms per fenced request at concurrency {concurrency}: {cost:.2f}"
+        " (median of the rounds)"
+        for concurrency, cost in fenced_cpu(measurements).items()
     )
     return lines
 
@@ -351,6 +367,7 @@ def json_figures(
         "duration_s": duration_s,
         "results": [asdict(m) for m in measurements],
         "fenced_over_plain": {str(c): ratio for c, ratio in ratios(measurements).items()},
+        "fenced_cpu_ms_per_request": {str(c): cost for c, cost in fenced_cpu(measurements).items()},
     }
     if postgres is not None:
         figures["postgresql"] = {

@@ -2,11 +2,12 @@
 another in the same process, taking turns.
 
     python -m bench.store_writes [--concurrency 16] [--seconds 5] [--turns 6]
-                                 [--against PATH/store/sqlite.py] [--json]
+                                 [--against PATH/store/sqlite.py] [--steps] [--json]
 
 C workers each hold a lease on a resource of their own and make, in a loop, what the
 proxy makes of a fenced request: an admission (`Store.admit`, durable) and its
-receipt (`Store.finish_effect`, durable). No HTTP, no upstream: what is measured is
+receipt (`Store.finish_effect`, durable, from the effect as admitted, as the proxy
+records it: the `receipt` block). No HTTP, no upstream: what is measured is
 the store and its connector, group commit included. A turn runs for `--seconds`.
 
 `--against` names another checkout's `store/sqlite.py` (e.g. a worktree of an older
@@ -15,6 +16,10 @@ of its own, and the two take turns (this one first), so that whatever else the
 machine does weighs on both alike. It must speak this checkout's store interface
 (store/base.py) and SQL (store/sqlite.sql). Per turn: writes per second, the write's
 p50 and p99, and the process's CPU (every thread) per write; then the medians.
+`--against` records its receipts step by step (the
+`receipt` block of this checkout's SQL is not one an older connector runs; on SQLite it
+was empty, so the proxy took the steps anyway). `--steps` adds this checkout's connector
+recording its receipts step by step as a third contender: what the block saves.
 bench/README.md has the figures that chose the connector.
 """
 
@@ -60,8 +65,9 @@ def connector_class(path: Path) -> ConnectorClass:
 class Worker:
     """Fenced writes on one resource, under a lease of its own."""
 
-    def __init__(self, store: Store, n: int) -> None:
+    def __init__(self, store: Store, n: int, as_admitted: bool) -> None:
         self.store = store
+        self.as_admitted = as_admitted
         self.resource = f"bench:w{n}"
         self.token = hashlib.sha256(secrets.token_bytes(16)).hexdigest()
         self.serial = 0
@@ -89,7 +95,12 @@ class Worker:
         if not isinstance(admitted, Admitted):
             raise RuntimeError(f"admission refused: {admitted}")
         await self.store.finish_effect(
-            admitted.effect.id, Event.ANSWERED_COMMITTED, 201, "upstream answered 201", RESPONSE
+            admitted.effect.id,
+            Event.ANSWERED_COMMITTED,
+            201,
+            "upstream answered 201",
+            RESPONSE,
+            admitted=admitted.effect if self.as_admitted else None,
         )
 
     async def run(self, until: float, latencies: list[float]) -> None:
@@ -113,16 +124,19 @@ async def turn(workers: list[Worker], seconds: float) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, list[dict[str, float]]]:
-    classes: dict[str, ConnectorClass] = {"this checkout": SQLiteConnector}
+    # Each contender: its connector, and whether it records receipts as admitted.
+    classes: dict[str, tuple[ConnectorClass, bool]] = {"this checkout": (SQLiteConnector, True)}
+    if args.steps:
+        classes["this checkout, receipts step by step"] = (SQLiteConnector, False)
     if args.against is not None:
-        classes[str(args.against)] = connector_class(args.against)
+        classes[str(args.against)] = (connector_class(args.against), False)
     stores: dict[str, Store] = {}
     workers: dict[str, list[Worker]] = {}
-    for i, (name, cls) in enumerate(classes.items()):
+    for i, (name, (cls, as_admitted)) in enumerate(classes.items()):
         store = Store(cls(f"sqlite:///{folder / f'store{i}.db'}", time.time), "bench")
         await store.open()
         stores[name] = store
-        workers[name] = [Worker(store, n) for n in range(args.concurrency)]
+        workers[name] = [Worker(store, n, as_admitted) for n in range(args.concurrency)]
         for worker in workers[name]:
             await worker.lease()
             await worker.write()  # warm: the first write of each opens its pages
@@ -154,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per turn")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--against", type=Path, help="another checkout's store/sqlite.py")
+    parser.add_argument(
+        "--steps", action="store_true", help="also this connector, receipts step by step"
+    )
     parser.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fenceproxy-store-writes-") as folder:

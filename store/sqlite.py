@@ -18,14 +18,20 @@ mismatch is final: the store answers StoreUnavailable until the process restarts
 (and a restart on a store it does not know is refused, see proxy/identity.py).
 
 Each connection is an aiosqlite connection (the library runs it on a thread of its
-own), and one task on the event loop alone uses it (`OperationQueue`): callers queue
-store operations; the writer's task runs whatever has queued as one transaction, the
-reader's runs them one snapshot each. As only that task uses its connection, an
-operation may await anything: no other operation's statements come in between.
-Whatever an operation raises, BaseException included, rolls its transaction back and
-is its own caller's answer, and the task goes on; closing the store answers what is
-still queued. bench/README.md has the measurements that chose aiosqlite over the
-hand-written connection thread this module had before.
+own), and one task on the event loop alone hands it work (`OperationQueue`): callers
+queue store operations; the writer's task runs whatever has queued as one transaction,
+the reader's runs them one snapshot each. A whole batch, BEGIN to COMMIT, retries
+included, is ONE call into the connection's thread, where the operations' statements run
+on the plain sqlite3 connection: aiosqlite's per-statement hand-over (a future, a queue,
+a wake-up each way, a cursor wrapped) cost more CPU than the statements themselves
+(bench/README.md). So on SQLite an operation must not suspend: its coroutine is driven
+in the thread, its Tx answers without suspending, and one that awaits anything else
+fails with `OperationSuspended` (or asyncio's own "no running event loop"), its
+transaction rolled back like any failure's. Whatever an operation raises, BaseException
+included, rolls its transaction back and is its own caller's answer, and the task goes
+on; closing the store answers what is still queued. bench/README.md has the
+measurements that chose aiosqlite over the hand-written connection thread this module
+had before.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T
+from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
 from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
@@ -68,38 +74,73 @@ def _file_identity(path: Path) -> FileIdentity | None:
     return found.st_dev, found.st_ino
 
 
-class SQLiteTx:
-    """One transaction's statements, on the connection of the task that runs it."""
+class OperationSuspended(RuntimeError):
+    """An operation on SQLite awaited something other than its Tx's statements: a bug,
+    since its transaction runs in one call into the connection's thread."""
 
-    def __init__(self, conn: aiosqlite.Connection, queries: Queries, now: float) -> None:
+
+class SQLiteTx:
+    """One transaction's statements, run at once on the plain sqlite3 connection in the
+    connection's thread: its methods are coroutines that never suspend."""
+
+    def __init__(self, conn: sqlite3.Connection, queries: Queries, now: float) -> None:
         self._conn = conn
         self._queries = queries
         self.now = now
 
-    async def _all_but_last(self, query: str, params: dict[str, Any]) -> str | None:
+    def _all_but_last(self, query: str, params: dict[str, Any]) -> str | None:
         """Runs the block's statements but its last, and answers that (None: empty)."""
         statements = self._queries[query]
         if not statements:  # a block this backend does not need (see lock_resource)
             return None
         for sql in statements[:-1]:
-            await self._conn.execute(sql, params)
+            self._conn.execute(sql, params)
         return statements[-1]
+
+    def guarded(self, query: str, params: dict[str, Any]) -> bool:
+        """Runs the block's first statement, and the rest only if it changed a row:
+        whether it did."""
+        first, *rest = self._queries[query]
+        if self._conn.execute(first, params).rowcount == 0:
+            return False
+        for sql in rest:
+            self._conn.execute(sql, params)
+        return True
 
     async def one(self, query: str, **params: Any) -> Row | None:
         rows = await self.all(query, **params)
         return rows[0] if rows else None
 
     async def all(self, query: str, **params: Any) -> list[Row]:
-        last = await self._all_but_last(query, params)
+        last = self._all_but_last(query, params)
         if last is None:
             return []
-        return [dict(row) for row in await self._conn.execute_fetchall(last, params)]
+        cursor = self._conn.execute(last, params)
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     async def execute(self, query: str, **params: Any) -> int:
-        last = await self._all_but_last(query, params)
+        last = self._all_but_last(query, params)
         if last is None:
             return 0
-        return (await self._conn.execute(last, params)).rowcount
+        return self._conn.execute(last, params).rowcount
+
+
+def _drive(operation: Operation[T], tx: SQLiteTx) -> T:
+    """Runs `operation` to its end here and now, in the connection's thread."""
+    coroutine = operation(tx)
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        result: T = finished.value
+        return result
+    coroutine.close()
+    raise OperationSuspended(
+        "an operation on SQLite awaited something other than its transaction's statements"
+    )
 
 
 def _being_cancelled(exc: BaseException) -> bool:
@@ -131,10 +172,76 @@ def _commit_in_doubt(exc: BaseException) -> bool:
     return code is None or code & 0xFF not in _COMMIT_REFUSED
 
 
-async def _roll_back(conn: aiosqlite.Connection) -> None:
+def _roll_back(conn: sqlite3.Connection) -> None:
     """Ends whatever transaction is open (none: BEGIN itself failed, or COMMIT ended it)."""
     with contextlib.suppress(sqlite3.Error):
-        await conn.execute("ROLLBACK")
+        conn.execute("ROLLBACK")
+
+
+def _transaction(
+    conn: sqlite3.Connection,
+    queries: Queries,
+    begin: str,
+    jobs: list[tuple[Operation[Any], float]],
+    what: str,
+) -> list[Outcome]:
+    """Runs operations in one transaction, in the connection's thread: all kept, or all
+    failed and rolled back. Each job is an operation and the time it runs at."""
+    results: list[Outcome] = []
+    committing = False
+    try:
+        conn.execute(begin)
+        for operation, now in jobs:
+            results.append((True, _drive(operation, SQLiteTx(conn, queries, now))))
+        committing = what == "write"
+        conn.execute("COMMIT")
+    except BaseException as exc:  # whatever it is, the file's lock is not kept
+        _roll_back(conn)
+        if committing and _commit_in_doubt(exc):
+            error = CommitUnknown(f"the COMMIT failed ({exc}): it may have committed")
+            error.__cause__ = exc
+            return [(False, error)] * len(jobs)
+        return [(False, _translated(exc, what))] * len(jobs)
+    return results
+
+
+def _write_batch_in_thread(
+    conn: sqlite3.Connection, queries: Queries, jobs: list[tuple[Operation[Any], float]]
+) -> list[Outcome]:
+    """A write batch as one transaction; if one operation failed and took the batch down
+    with it, each again in a transaction of its own (not when the COMMIT's fate is
+    unknown: they may have committed already)."""
+    outcomes = _transaction(conn, queries, "BEGIN IMMEDIATE", jobs, "write")
+    if (
+        len(jobs) > 1
+        and not all(ok for ok, _ in outcomes)
+        and not any(isinstance(value, CommitUnknown) for _, value in outcomes)
+    ):
+        outcomes = [
+            _transaction(conn, queries, "BEGIN IMMEDIATE", [job], "write")[0] for job in jobs
+        ]
+    return outcomes
+
+
+def _read_batch_in_thread(
+    conn: sqlite3.Connection, queries: Queries, jobs: list[tuple[Operation[Any], float]]
+) -> list[Outcome]:
+    """Reads that queued together, each in a snapshot of its own."""
+    return [_transaction(conn, queries, "BEGIN", [job], "read")[0] for job in jobs]
+
+
+async def _in_thread(
+    conn: aiosqlite.Connection,
+    run: Callable[[sqlite3.Connection, Queries, list[tuple[Operation[Any], float]]], list[Outcome]],
+    queries: Queries,
+    jobs: list[tuple[Operation[Any], float]],
+) -> list[Outcome]:
+    """`run` over the plain sqlite3 connection, in aiosqlite's thread, as one call.
+    aiosqlite's public API hands over one statement at a time; running a callable on
+    its thread takes its private `_execute` and the sqlite3 connection its private
+    `_conn` (aiosqlite >=0.20, <1; tests/unit/test_sqlite_connector.py pins both)."""
+    call_in_thread: Callable[..., Awaitable[list[Outcome]]] = conn._execute
+    return await call_in_thread(run, conn._conn, queries, jobs)
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, str]:
@@ -258,7 +365,6 @@ class SQLiteConnector:
     async def _connect(self, *pragmas: str) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None)
         self._connections.append(conn)  # closed by close(), whatever fails next
-        conn.row_factory = sqlite3.Row
         for pragma in (
             "busy_timeout = 10000",
             "foreign_keys = ON",
@@ -344,7 +450,8 @@ class SQLiteConnector:
                 )
                 await conn.execute("COMMIT")
             except BaseException:
-                await _roll_back(conn)
+                with contextlib.suppress(sqlite3.Error):
+                    await conn.execute("ROLLBACK")
                 raise
 
     def _check_files(self) -> str | None:
@@ -370,11 +477,18 @@ class SQLiteConnector:
         return await self._writes.submit(operation)
 
     async def statement(self, query: str, **params: Any) -> Row | None:
-        """A block as a transaction of its own: nothing to save here, where a
-        transaction costs no round trip, so every such block is empty (see receipt)."""
-        if self._queries[query]:
-            raise StoreError(f"{query} is a block of several steps on SQLite")
-        return None
+        """A block as a write transaction of its own, at the transaction's time (`now`):
+        its first statement decides, the rest run only if it changed a row. Its row
+        answers `now` and whether it was `applied` (no store id to check here: the
+        file's identity is, after the COMMIT). None for an empty block."""
+        if not self._queries[query]:
+            return None
+
+        async def operation(tx: Tx) -> Row:
+            assert isinstance(tx, SQLiteTx)  # this connector's
+            return {"now": tx.now, "applied": tx.guarded(query, {**params, "now": tx.now})}
+
+        return await self.write(operation)
 
     async def read(self, operation: Operation[T]) -> T:
         if self._reads is None:
@@ -382,67 +496,30 @@ class SQLiteConnector:
         return await self._reads.submit(operation)
 
     async def _read_batch(self, operations: list[Operation[Any]]) -> list[Outcome]:
-        """Reads that queued together, each in a snapshot of its own."""
-        return [await self._read(operation) for operation in operations]
-
-    async def _read(self, operation: Operation[Any]) -> Outcome:
+        """Reads that queued together, each in a snapshot of its own, in one call into
+        the reader's thread."""
         # A read of a deleted file would answer from records that are gone for good.
         lost = self._check_files()
         if lost is not None:
-            return False, StoreUnavailable(lost)
+            return [(False, StoreUnavailable(lost))] * len(operations)
         assert self._reader is not None  # the queue runs only while the store is open
-        (outcome,) = await self._transaction(self._reader, "BEGIN", [operation], "read")
-        return outcome
+        jobs = [(operation, self._clock()) for operation in operations]
+        return await _in_thread(self._reader, _read_batch_in_thread, self._queries, jobs)
 
     async def _write_batch(self, operations: list[Operation[Any]]) -> list[Outcome]:
         assert self._writer is not None  # the queue runs only while the store is open
-        writer = self._writer
         # Already lost: nothing more goes into the old file.
         lost = self.lost
         if lost is None:
-            outcomes = await self._transaction(writer, "BEGIN IMMEDIATE", operations, "write")
-            # Not when the COMMIT's fate is unknown: they may have committed already.
-            if (
-                len(operations) > 1
-                and not all(ok for ok, _ in outcomes)
-                and not any(isinstance(value, CommitUnknown) for _, value in outcomes)
-            ):
-                # One failed and took the batch down with it: each again, on its own.
-                outcomes = [
-                    (await self._transaction(writer, "BEGIN IMMEDIATE", [operation], "write"))[0]
-                    for operation in operations
-                ]
+            # Each operation's time is read here, on the loop, where the clock is moved.
+            jobs = [(operation, self._clock()) for operation in operations]
+            outcomes = await _in_thread(self._writer, _write_batch_in_thread, self._queries, jobs)
             # After COMMIT, before anyone is answered: a file deleted before or while
             # the batch ran took the batch along.
             lost = self._check_files()
         if lost is not None:
             return [(False, StoreUnavailable(lost))] * len(operations)
         return outcomes
-
-    async def _transaction(
-        self, conn: aiosqlite.Connection, begin: str, operations: list[Operation[Any]], what: str
-    ) -> list[Outcome]:
-        """Run operations in one transaction: all kept, or all failed and rolled back."""
-        results: list[Outcome] = []
-        committing = False
-        try:
-            await conn.execute(begin)
-            for operation in operations:
-                results.append(
-                    (True, await operation(SQLiteTx(conn, self._queries, self._clock())))
-                )
-            committing = what == "write"
-            await conn.execute("COMMIT")
-        except BaseException as exc:  # whatever it is, the file's lock is not kept
-            await _roll_back(conn)
-            if _being_cancelled(exc):
-                raise
-            if committing and _commit_in_doubt(exc):
-                error = CommitUnknown(f"the COMMIT failed ({exc}): it may have committed")
-                error.__cause__ = exc
-                return [(False, error)] * len(operations)
-            return [(False, _translated(exc, what))] * len(operations)
-        return results
 
 
 def block_statements(sql: str) -> tuple[str, ...]:

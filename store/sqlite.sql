@@ -506,8 +506,46 @@ ON CONFLICT (resource, key) DO UPDATE SET
     response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- receipt --
--- Nothing to save here: a receipt is a few statements in a transaction that costs no
--- round trips, so this block is empty and the receipt is recorded step by step.
+-- A receipt decided from the state its admission left (store/effects.py,
+-- _receipt_as_admitted), written as PostgreSQL's fenceproxy_receipt writes it: no row
+-- read, no record rebuilt. The connector runs the first statement and the rest only if
+-- it changed the effect (else nothing was written: the effect had moved on, or the key
+-- it would free is still needed by another open effect under it); :now is the
+-- transaction's time.
+UPDATE effects SET state = :state, finished_at = :now,
+                   upstream_status = :upstream_status, reason = :reason,
+                   settled_by = NULL,
+                   next_probe_at = CASE WHEN :probe_now THEN :now END,
+                   probe_claimed_by = NULL, probe_claimed_until = NULL
+WHERE id = :id AND state = :expected
+  AND NOT (:key_action = 'free' AND EXISTS (
+      SELECT 1 FROM effects o
+      WHERE o.resource = :resource AND o.idempotency_key = :idempotency_key
+        AND o.id <> :id AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')));
+DELETE FROM idempotency WHERE :key_action = 'free' AND effect_id = :id;
+INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,
+                         response_status, response_headers, response_body, settled_by)
+SELECT :resource, :idempotency_key, :fingerprint, :id, :epoch,
+       :now + COALESCE((SELECT retain_s FROM effects WHERE id = :id), :default_retain_s),
+       :status, :headers, :body, :key_settled_by
+WHERE :key_action = 'commit'
+-- As commit_idempotency_key: a response this very effect's receipt kept stays.
+ON CONFLICT (resource, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+    epoch = excluded.epoch, expires_at = excluded.expires_at,
+    response_status = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_status, idempotency.response_status)
+        ELSE excluded.response_status END,
+    response_headers = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_headers, idempotency.response_headers)
+        ELSE excluded.response_headers END,
+    response_body = CASE WHEN idempotency.effect_id = excluded.effect_id
+        THEN COALESCE(excluded.response_body, idempotency.response_body)
+        ELSE excluded.response_body END,
+    settled_by = excluded.settled_by;
+INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion, detail)
+SELECT :id, :now, :kind, :actor, :upstream_status, :conclusion, :reason
+WHERE :conclusion IS NOT NULL;
 
 -- recovery_window --
 -- Issue 18 §1 (see postgres.sql): never opened on SQLite, which has no standby.

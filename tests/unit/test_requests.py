@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import string
+from unittest import mock
 
 import pytest
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from policies import LeaseBounds
 from proxy.problems import ProblemError
 from proxy.requests import (
+    BODY_TIMEOUT,
     MAX_HEADER_TOTAL,
     MAX_HEADER_VALUE,
     check_header_encoding,
@@ -221,3 +225,40 @@ async def test_declared_body_over_the_limit_is_refused_before_reading() -> None:
         await read_body(request, 100)
     assert error.value.code == "payload_too_large"
     assert error.value.context == {"limit": 100}
+
+
+def _body_request(declared: int, arrived: bytes, ended: bool, timeout_s: float) -> web.Request:
+    app = web.Application()
+    app[BODY_TIMEOUT] = timeout_s
+    payload = StreamReader(mock.Mock(), 2**16, loop=asyncio.get_running_loop())
+    payload.feed_data(arrived)
+    if ended:
+        payload.feed_eof()
+    return make_mocked_request(
+        "POST",
+        "/orders/widget",
+        headers=CIMultiDict({"Content-Length": str(declared)}),
+        payload=payload,
+        app=app,
+    )
+
+
+async def test_a_body_all_here_is_read_without_arming_the_body_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timer is armed only for bytes still to come: a small body arrives with its head,
+    and a timer per request was CPU on every fenced write."""
+    armed: list[float | None] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        armed.append(delay)
+        return timeout(delay)
+
+    monkeypatch.setattr(asyncio, "timeout", counted)
+    assert await read_body(_body_request(4, b"body", True, 5.0), 100) == b"body"
+    assert armed == []
+    with pytest.raises(ProblemError) as error:
+        await read_body(_body_request(8, b"body", False, 0.01), 100)  # 4 bytes never come
+    assert error.value.code == "request_timeout"
+    assert armed == [0.01]

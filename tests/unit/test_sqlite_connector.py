@@ -1,7 +1,8 @@
 """The SQLite connector on aiosqlite (store/sqlite.py): operations that queued together
-run as one transaction, whatever an operation raises (BaseException too) is its own
-caller's answer and rolls the transaction back, so the file's write lock is never kept,
-and closing the store answers every call still queued. Every wait is bounded, so that a
+run as one transaction, in one call into the connection's thread; whatever an operation
+raises (BaseException too) is its own caller's answer and rolls the transaction back, so
+the file's write lock is never kept, and closing the store answers every call still
+queued. Every wait is bounded, so that a
 hang fails its test instead of the suite's timeout."""
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 
 from store.base import Operation, StoreUnavailable, Tx
-from store.sqlite import MAX_BATCH, OperationQueue, Outcome, SQLiteConnector
+from store.sqlite import MAX_BATCH, OperationQueue, OperationSuspended, Outcome, SQLiteConnector
 
 WAIT_S = 10.0
 
@@ -109,10 +111,10 @@ async def test_closing_answers_the_calls_still_queued_and_refuses_new_ones_at_on
     path = tmp_path / "fence.db"
     connector = SQLiteConnector(f"sqlite:///{path}", lambda: 1000.0)
     await asyncio.wait_for(connector.open(), WAIT_S)
-    gate = asyncio.Event()
+    gate = threading.Event()
 
     async def held(tx: Tx) -> int:
-        await gate.wait()  # the writer is busy with this while the others queue
+        gate.wait(WAIT_S)  # the writer's thread is busy with this while the others queue
         return await tx.execute("set_resource_epoch", resource="held", epoch=1)
 
     first = asyncio.ensure_future(connector.write(held))
@@ -131,25 +133,74 @@ async def test_closing_answers_the_calls_still_queued_and_refuses_new_ones_at_on
         await asyncio.wait_for(connector.read(set_epoch("closed", 1)), WAIT_S)
 
 
-async def test_an_operation_that_suspends_keeps_its_transaction_to_itself(
-    tmp_path: Path,
+async def suspends_at_once(tx: Tx) -> None:
+    await tx.execute("set_resource_epoch", resource="suspended", epoch=1)
+    await asyncio.sleep(0)  # yields to a loop that is not there
+
+
+async def waits_on_the_loop(tx: Tx) -> None:
+    await tx.execute("set_resource_epoch", resource="suspended", epoch=1)
+    await asyncio.sleep(0.05)  # needs the running loop, which the thread has not
+
+
+@pytest.mark.parametrize(
+    ("operation", "error"),
+    [(suspends_at_once, OperationSuspended), (waits_on_the_loop, RuntimeError)],
+)
+async def test_an_operation_that_suspends_fails_alone_and_is_rolled_back(
+    tmp_path: Path, operation: Operation[None], error: type[BaseException]
 ) -> None:
-    """Operations may await anything: no other operation's statements come in between
-    (the connection thread this replaced needed operations never to suspend)."""
+    """A batch runs in one call into the connection's thread, so an operation cannot
+    wait there for the loop: one that tries fails, its writes rolled back, and the rest
+    of its batch goes on."""
     path = tmp_path / "fence.db"
-
-    async def slow(tx: Tx) -> None:
-        await tx.execute("set_resource_epoch", resource="r", epoch=1)
-        await asyncio.sleep(0.05)
-        await tx.execute("set_resource_epoch", resource="r", epoch=3)
-
     async with open_connector(path) as connector:
-        slow_write = asyncio.ensure_future(connector.write(slow))
-        await asyncio.sleep(0.01)  # slow's batch has begun; the next one queues behind
-        await asyncio.wait_for(
-            asyncio.gather(slow_write, connector.write(set_epoch("r", 2))), WAIT_S
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                connector.write(set_epoch("before", 1)),
+                connector.write(operation),
+                connector.write(set_epoch("behind", 2)),
+                return_exceptions=True,
+            ),
+            WAIT_S,
         )
-    assert epoch_of(path, "r") == 2
+        assert results[0] == results[2] == 1
+        assert isinstance(results[1], error)
+        write_from_another_connection(path, "elsewhere")
+    assert [epoch_of(path, r) for r in ("before", "suspended", "behind")] == [1, None, 2]
+
+
+async def test_a_batch_is_one_call_into_the_connections_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pins what the connector takes from aiosqlite beyond its public API: `_execute`
+    runs a callable on the connection's thread, `_conn` is the sqlite3 connection."""
+    calls: list[Any] = []
+    original: Callable[..., Awaitable[Any]] = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(fn)
+        return await original(self, fn, *args, **kwargs)
+
+    threads: list[int] = []
+
+    async def where(tx: Tx) -> int:
+        threads.append(threading.get_ident())
+        return await tx.execute("set_resource_epoch", resource=f"r{len(threads)}", epoch=1)
+
+    async def noted(tx: Tx) -> str:
+        threads.append(threading.get_ident())
+        return "read"
+
+    async with open_connector(tmp_path / "fence.db") as connector:
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+        writes = [connector.write(where) for _ in range(5)]
+        assert await asyncio.wait_for(asyncio.gather(*writes), WAIT_S) == [1] * 5
+        assert len(calls) == 1  # the five queued together: one batch, one call
+        assert await asyncio.wait_for(connector.read(noted), WAIT_S) == "read"
+        monkeypatch.undo()
+    assert len(calls) == 2
+    assert threading.get_ident() not in threads
 
 
 async def test_driver_errors_reach_callers_as_store_unavailable(tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ never retries such a batch, and the proxy settles the effect NOT_SENT before it 
 the worker that nothing was sent, as on PostgreSQL (the process test in
 tests/integration/replicas/test_lost_admission.py).
 
-The failure is injected where SQLite would raise it: aiosqlite's `execute` of the
-writer's "COMMIT", which runs (or not) and then raises."""
+The failure is injected where SQLite would raise it: the sqlite3 connection's `execute`
+of the writer's "COMMIT", which runs (or not) and then raises. The connector reaches
+that connection through aiosqlite's `_conn` (store/sqlite.py says why), which is where
+the fixture puts a connection that fails on cue in its place."""
 
 from __future__ import annotations
 
@@ -51,25 +53,42 @@ class FailingCommit:
         self.statements: dict[int, list[str]] = {}
 
 
-@pytest.fixture
-def failing_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingCommit]:
-    control = FailingCommit()
-    execute = aiosqlite.Connection.execute
+class _FailingConnection:
+    """The sqlite3 connection of one aiosqlite connection, with `execute` watched."""
 
-    async def patched(self: aiosqlite.Connection, sql: str, *args: Any) -> Any:
+    def __init__(self, conn: sqlite3.Connection, control: FailingCommit, key: int) -> None:
+        self._conn = conn
+        self._control = control
+        self._key = key
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        control = self._control
         if sql == "BEGIN IMMEDIATE":
-            control.statements[id(self)] = []
-        said = control.statements.setdefault(id(self), [])
+            control.statements[self._key] = []
+        said = control.statements.setdefault(self._key, [])
         said.append(sql)
         if sql == "COMMIT" and control.armed and any(control.match in line for line in said):
             control.armed = False
             control.fired += 1
             if control.commits:
-                await execute(self, sql, *args)
+                self._conn.execute(sql, *args)
             raise control.error
-        return await execute(self, sql, *args)
+        return self._conn.execute(sql, *args)
 
-    monkeypatch.setattr(aiosqlite.Connection, "execute", patched)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.fixture
+def failing_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingCommit]:
+    control = FailingCommit()
+    plain = aiosqlite.Connection._conn
+
+    def watched(self: aiosqlite.Connection) -> Any:
+        conn = plain.__get__(self)
+        return _FailingConnection(conn, control, id(self))
+
+    monkeypatch.setattr(aiosqlite.Connection, "_conn", property(watched))
     yield control
 
 
