@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,7 +78,8 @@ def test_every_restart_key_is_compared() -> None:
     would be taken half: a new value in the policy, the old one in the listener)."""
     old = parse_policy(BASE)
     for key in RESTART_KEYS:
-        changed = dataclasses.replace(old, **{key: object()})
+        different: dict[str, Any] = {key: object()}
+        changed = dataclasses.replace(old, **different)
         assert restart_changes(old, changed) == [key]
 
 
