@@ -446,6 +446,7 @@ def this_instance(runtime: Runtime) -> operations.ThisInstance:
         uptime_s=now - runtime.started,
         last_sweep_age_s=age(reconciler.last_sweep) if reconciler else None,
         last_probe_age_s=age(reconciler.last_probe) if reconciler else None,
+        policy_digest=runtime.policy_digest,
     )
 
 

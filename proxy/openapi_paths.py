@@ -242,6 +242,7 @@ def admin_paths() -> dict[str, Any]:
                     },
                     BODY,
                     GUARDED,
+                    [ErrorCode.RELOAD_REFUSED],
                 ),
             }
         },

@@ -382,6 +382,7 @@ class ThisInstance:
     uptime_s: float
     last_sweep_age_s: float | None
     last_probe_age_s: float | None
+    policy_digest: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:
@@ -393,6 +394,7 @@ class ThisInstance:
             "uptime_s": round(self.uptime_s, 3),
             "last_sweep_age_s": rounded(self.last_sweep_age_s),
             "last_probe_age_s": rounded(self.last_probe_age_s),
+            "policy_digest": self.policy_digest,
         }
 
 
