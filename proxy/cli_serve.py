@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policies import Policy, load_policy, load_policy_with_digest
+from policies import Policy, load_policy
 from policies.tls import server_context
 from proxy import connections, failpoints
 from proxy.app import build_app, default_instance_id
@@ -25,7 +25,7 @@ from proxy.auth import (
     exposure_warning,
     missing_keys,
 )
-from proxy.cli_store import CommandError, policy_of
+from proxy.cli_store import CommandError, policy_and_digest_of
 from proxy.identity import IdentityCheck, default_state_dir, memory_file
 from proxy.runtime import RUNTIME
 from store import check_server
@@ -49,8 +49,7 @@ def server_options(policy: Policy) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    policy_of(args)  # a missing file is refused in one line, as by every command
-    policy, digest = load_policy_with_digest(args.config)
+    policy, digest = policy_and_digest_of(args)
     try:
         # Read once: a test pauses a replica at a named place (proxy/failpoints.py).
         paused_at = failpoints.configure(os.environ)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from policies import Policy, load_policy
+from policies import Policy, load_policy_with_digest
 from policies.store_backends import StoreBackend, store_backend
 from proxy import operations
 from proxy.app import new_instance_id
@@ -40,11 +40,16 @@ POLICY_DIGEST_SHOWN = 12
 
 
 def policy_of(args: argparse.Namespace) -> Policy:
+    return policy_and_digest_of(args)[0]
+
+
+def policy_and_digest_of(args: argparse.Namespace) -> tuple[Policy, str]:
+    """The policy of --config and the sha256 of the bytes it was read from."""
     if not args.config:
         raise CommandError("no policy file: pass --config FILE or set FENCEPROXY_CONFIG")
     if not os.path.exists(args.config):
         raise CommandError(f"{args.config}: no such file")
-    return load_policy(args.config)
+    return load_policy_with_digest(args.config)
 
 
 def with_store(
