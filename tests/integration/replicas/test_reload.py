@@ -208,6 +208,11 @@ async def test_a_key_that_needs_a_restart_is_refused(fleet: Fleet) -> None:
     other = f"sqlite:///{fleet.tmp_path / 'other.db'}"
     proxy.config_path.write_text(text.replace(store_url(fleet), other))
     async with api_for(fleet) as api:
+        # Only an admin may make a replica read its file again.
+        anonymous = await call(
+            api.session, "POST", f"{proxy.url}/_fence/v1/admin/reload", json_body={}
+        )
+        assert anonymous.status == 401, anonymous
         refused = await reload_via_api(api, proxy)
         assert refused.code == "reload_refused", refused
         assert "store cannot change without a restart" in refused.body["detail"]
