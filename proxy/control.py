@@ -510,7 +510,7 @@ async def _policy_agreement(runtime: Runtime) -> dict[str, object]:
     fenceproxy_policy_info tells the lasting case)."""
     answer: dict[str, object] = {"digest": runtime.policy_digest}
     try:
-        replicas = await runtime.store.replicas(operations.REPLICAS_WINDOW_S)
+        replicas = await runtime.readiness.replicas(runtime.store, operations.REPLICAS_WINDOW_S)
     except StoreError:
         return answer  # ready was proven by the write; who else runs is unknown now
     answer["disagreeing"] = [
