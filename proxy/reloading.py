@@ -13,6 +13,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from core.records import EffectRecord
 from policies import ConfigError, Upstream, load_policy_with_digest
 from policies.reloading import Unsettled, restart_changes, stranded, stranding_changes
 from proxy import operations
@@ -105,9 +106,9 @@ async def _reload(runtime: Runtime, upstreams: Upstreams) -> Reloaded:
             tuple(route.resource_glob for route in operations.fenced_routes(policy)),
         )
         runtime.metrics.serve_policy(digest)
-        if retired:
+        if retired or taken:
             task = asyncio.create_task(
-                _close_when_drained(runtime, upstreams, retired, before), name="retire-sessions"
+                _after_drain(runtime, upstreams, retired, taken, before), name="reload-drain"
             )
             runtime.draining.add(task)
             task.add_done_callback(runtime.draining.discard)
@@ -127,13 +128,7 @@ async def _refuse_stranding(runtime: Runtime, path: str, taken: dict[str, str]) 
             f"{path}: more than {MAX_UNSETTLED_CHECKED} effects are in doubt; settle them "
             "before taking a route or a probe away (nothing was changed)"
         )
-    phrases = stranded(
-        taken,
-        (
-            Unsettled(effect.id, effect.route, effect.resource, effect.state.value)
-            for effect in effects
-        ),
-    )
+    phrases = stranded(taken, (_unsettled(effect) for effect in effects))
     if phrases:
         raise ReloadRefused(
             f"{path}: the change would leave effects in doubt with no route or probe to "
@@ -142,8 +137,33 @@ async def _refuse_stranding(runtime: Runtime, path: str, taken: dict[str, str]) 
         )
 
 
-async def _close_when_drained(
-    runtime: Runtime, upstreams: Upstreams, retired: list[Upstream], generation: int
+def _unsettled(effect: EffectRecord) -> Unsettled:
+    return Unsettled(effect.id, effect.route, effect.resource, effect.state.value)
+
+
+async def _after_drain(
+    runtime: Runtime,
+    upstreams: Upstreams,
+    retired: list[Upstream],
+    taken: dict[str, str],
+    generation: int,
 ) -> None:
+    """Once the requests that started before the reload are done: close the sessions it
+    retired, and name any effect one of them left in doubt on a route it took away
+    (the check before the swap could not see it; an operator settles it)."""
     await runtime.wait_for_generation(generation)
     await upstreams.pools.close_retired(retired)
+    if not taken:
+        return
+    try:
+        effects = await runtime.store.in_doubt(limit=MAX_UNSETTLED_CHECKED)
+    except StoreError as exc:
+        log.warning("after the policy reload, effects in doubt could not be listed: %s", exc)
+        return
+    phrases = stranded(taken, (_unsettled(effect) for effect in effects))
+    if phrases:
+        log.warning(
+            "requests that started before the policy reload left effects in doubt with no "
+            "route or probe: %s; settle them with fenceproxy reconcile resolve",
+            "; ".join(phrases),
+        )

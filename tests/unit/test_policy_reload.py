@@ -4,13 +4,17 @@ the upstream sessions a reload retires (proxy/forwarding.py UpstreamPools)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
+import aiohttp
 import pytest
 
+from core.records import EffectState
 from policies import load_policy_with_digest, parse_policy
 from policies.reloading import (
     RESTART_KEYS,
@@ -19,7 +23,10 @@ from policies.reloading import (
     stranded,
     stranding_changes,
 )
+from proxy import reloading
 from proxy.forwarding import UpstreamPools
+from proxy.runtime import Runtime, Upstreams
+from store import Store
 
 BASE = """\
 version: 1
@@ -139,3 +146,30 @@ async def test_a_changed_upstream_gets_new_sessions_and_the_old_stay_until_close
     assert pools.update([new]) == []
     assert pools.fenced(new) is kept
     await pools.close()
+
+
+async def test_an_effect_a_request_older_than_the_reload_left_in_doubt_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The check before the swap cannot see an effect that a request which started
+    under the old policy leaves in doubt after it: once that request is done, the
+    effect is named in the log for an operator."""
+    effect = SimpleNamespace(
+        id="eff_9", route="place-order", resource="supplier:a", state=EffectState.UNKNOWN
+    )
+
+    class Effects:
+        async def in_doubt(self, limit: int) -> list[Any]:
+            return [effect]
+
+    runtime = Runtime(parse_policy(BASE), cast(Store, Effects()))
+    generation = runtime.begin_request()
+    upstreams = Upstreams(cast(aiohttp.ClientSession, None), UpstreamPools([]))
+    drained = asyncio.create_task(
+        reloading._after_drain(runtime, upstreams, [], {"place-order": "removed"}, generation)
+    )
+    await asyncio.sleep(0)
+    assert not drained.done()  # the request that started before is still running
+    runtime.end_request(generation)
+    await drained
+    assert "eff_9 (UNKNOWN, resource supplier:a) on route place-order (removed)" in caplog.text
