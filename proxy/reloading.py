@@ -18,6 +18,7 @@ from policies import ConfigError, Upstream, load_policy_with_digest
 from policies.reloading import Unsettled, restart_changes, stranded, stranding_changes
 from proxy import operations
 from proxy.runtime import Runtime, Upstreams
+from reconcile import operations as reconciliation
 from store import StoreError
 
 log = logging.getLogger("fenceproxy")
@@ -117,7 +118,7 @@ async def _reload(runtime: Runtime, upstreams: Upstreams) -> Reloaded:
 
 async def _refuse_stranding(runtime: Runtime, path: str, taken: dict[str, str]) -> None:
     try:
-        effects = await runtime.store.in_doubt(limit=MAX_UNSETTLED_CHECKED)
+        effects = await reconciliation.unsettled(runtime.store, MAX_UNSETTLED_CHECKED)
     except StoreError as exc:
         raise ReloadRefused(
             f"{path}: routes {', '.join(sorted(taken))} lose their route or probe, and the "
@@ -156,7 +157,7 @@ async def _after_drain(
     if not taken:
         return
     try:
-        effects = await runtime.store.in_doubt(limit=MAX_UNSETTLED_CHECKED)
+        effects = await reconciliation.unsettled(runtime.store, MAX_UNSETTLED_CHECKED)
     except StoreError as exc:
         log.warning("after the policy reload, effects in doubt could not be listed: %s", exc)
         return
