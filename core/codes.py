@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     EXPECTATION_FAILED = "expectation_failed"
     RECOVERY_WINDOW = "recovery_window"
     KEY_APPLIED_REQUEST_UNKNOWN = "key_applied_request_unknown"
+    RELOAD_REFUSED = "reload_refused"
 
     @property
     def status(self) -> int:
@@ -163,6 +164,13 @@ _PROBLEMS = {
         "Conflicting evidence about an effect",
         "an effect's evidence contradicts its settled state; the resource is blocked until an "
         "operator resolves it (a probe of it is refused)",
+    ),
+    ErrorCode.RELOAD_REFUSED: _Problem(
+        409,
+        "Policy reload refused",
+        "the policy file read again is invalid, changes a key that needs a restart, or "
+        "would take the route or probe of an effect in doubt away: nothing was changed, "
+        "the proxy serves the policy it served (`detail` says why)",
     ),
     ErrorCode.NO_PROBE: _Problem(
         409,

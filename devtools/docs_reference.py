@@ -37,6 +37,7 @@ from devtools.docs_configuration import CONFIGURATION, ENVIRONMENT, Key
 from policies.loading import parse_policy
 from policies.model import Policy
 from policies.nodes import ConfigError
+from policies.reloading import RESTART_KEYS
 from proxy.cli import build_parser
 from proxy.openapi import document
 
@@ -217,6 +218,10 @@ def configuration_page() -> str:
         "`FENCEPROXY_CONFIG`). `fenceproxy check-config FILE` prints every problem at once, "
         "each as `file:line: key.path: message`; an unknown key is one of them. How routes "
         "turn paths into resources: [routes](routes.md).\n\n"
+        "A running proxy reads the file again on `fenceproxy reload` or SIGHUP; a change to "
+        f"{', '.join(f'`{key}`' for key in RESTART_KEYS)} needs a restart, and such a reload "
+        "is refused with nothing changed ([Changing the policy without a restart]"
+        "(../how-to/deployment.md#changing-the-policy-without-a-restart)).\n\n"
         "## The example (`config/example.yaml`)\n\n"
         f"```yaml\n{example}\n```\n\n"
         "## Every key\n\n"
@@ -259,9 +264,11 @@ def cli_page() -> str:
         f"{GENERATED}\n# CLI\n\n"
         "Every command needs the policy file: `--config FILE`, or `FENCEPROXY_CONFIG=FILE` "
         "in the environment (without either, it stops with `no policy file: pass --config "
-        "FILE or set FENCEPROXY_CONFIG`). Every command but `serve` works on the store "
-        "directly (so it works while the proxy is down), prints a table or `--json` where "
-        "it has one, and exits non-zero with a one-line reason on failure. "
+        "FILE or set FENCEPROXY_CONFIG`). Every command but `serve` and `reload` works on "
+        "the store directly (so it works while the proxy is down); `reload` asks a running "
+        "replica, through its admin API, to read its policy file again. Each prints a "
+        "table or `--json` where it has one, and exits non-zero with a one-line reason on "
+        "failure. "
         "`fenceproxy --version` prints the version. With `make run`, "
         "`export FENCEPROXY_CONFIG=state/fenceproxy.yaml`.\n"
     ]

@@ -1,6 +1,6 @@
 """Routing and fencing policy: YAML in, frozen validated objects out."""
 
-from policies.loading import load_policy, parse_policy
+from policies.loading import load_policy, load_policy_with_digest, parse_policy
 from policies.model import (
     HOLDER_RE,
     RESOURCE_RE,
@@ -53,5 +53,6 @@ __all__ = [
     "StorePool",
     "Upstream",
     "load_policy",
+    "load_policy_with_digest",
     "parse_policy",
 ]

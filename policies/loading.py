@@ -13,6 +13,7 @@ its own (`loading_listen`, `loading_auth`, `loading_store`, `loading_limits`,
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from policies.loading_auth import RESERVED_CLIENT_NAMES, env_name, parse_auth
@@ -78,16 +79,29 @@ __all__ = [
     "StorePool",
     "Upstream",
     "load_policy",
+    "load_policy_with_digest",
     "parse_policy",
 ]
 
 
 def load_policy(path: str | Path) -> Policy:
+    return load_policy_with_digest(path)[0]
+
+
+def load_policy_with_digest(path: str | Path) -> tuple[Policy, str]:
+    """The policy and the sha256 (hex) of the very bytes it was parsed from.
+
+    The file's bytes, not a canonical form of the parsed policy: an operator can
+    compare it with `sha256sum` of the file they deployed, it does not change when a
+    new proxy version prints its objects differently, and two replicas started with
+    `serve --port` on one file still agree. A comment changed in one copy only is a
+    difference too: the copies are then not the same file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [Problem(1, "<file>", f"cannot be read: {exc}")]) from exc
-    return parse_policy(text, str(path), Path(path).parent)
+    return parse_policy(text, str(path), Path(path).parent), hashlib.sha256(data).hexdigest()
 
 
 def parse_policy(text: str, filename: str = "<policy>", base_dir: Path | None = None) -> Policy:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
@@ -18,7 +19,7 @@ from aiohttp import hdrs, web
 from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S
 from policies import Policy, RouteMatch
-from proxy import control, fenced, forwarding, operations, ui
+from proxy import control, fenced, forwarding, operations, reloading, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
@@ -64,10 +65,14 @@ def build_app(
     identity: IdentityCheck | None = None,
     admin_token_next: str | None = None,
     environ: Mapping[str, str] | None = None,
+    policy_file: str | None = None,
+    policy_digest: str | None = None,
 ) -> web.Application:
     """The proxy. `admin_token_next` is a second admin token accepted alongside the
     first (rotation); `environ` is where `auth.clients[].key_env` are read (the
-    process's environment by default). Raises `KeyProblem` for a client without a key."""
+    process's environment by default). `policy_file` is what a reload reads again
+    (SIGHUP, POST /_fence/v1/admin/reload), `policy_digest` the sha256 of the bytes
+    `policy` was read from. Raises `KeyProblem` for a client without a key."""
     credentials = Credentials.of(
         policy,
         [token for token in (admin_token, admin_token_next) if token],
@@ -76,7 +81,10 @@ def build_app(
     if store is None:
         store = open_store(policy.store, clock, default_instance_id(policy), policy.store_pool)
     app = web.Application(middlewares=[capacity_middleware, problem_middleware])
-    runtime = Runtime(policy, store, identity=identity)
+    runtime = Runtime(
+        policy, store, identity=identity, policy_file=policy_file, policy_digest=policy_digest
+    )
+    runtime.metrics.serve_policy(policy_digest)
     runtime.metrics.watch_leases(
         store, tuple(route.resource_glob for route in operations.fenced_routes(policy))
     )
@@ -93,6 +101,7 @@ def build_app(
             _refusal_counts_ctx,
             _retention_ctx,
             _reconciler_ctx,
+            _reload_signal_ctx,
         ]
     )
     if policy.metrics_listen is not None:
@@ -218,6 +227,9 @@ async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     # The grace period is over: requests still upstream are cut off here, and their
     # receipts must say so rather than blame the upstream.
     runtime.shutting_down = True
+    for task in list(runtime.draining):
+        task.cancel()
+    await asyncio.gather(*runtime.draining, return_exceptions=True)
     await pools.close()
     await session.close()
 
@@ -287,10 +299,39 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         on_failure=lambda: runtime.metrics.count_background_failure("reconciler"),
         version=operations.proxy_version(),
         started=runtime.started,
+        policy_digest=runtime.policy_digest,
     )
     runtime.reconciler = reconciler
     async with _running(reconciler.run(), "reconciler"):
         yield
+
+
+async def _reload_signal_ctx(app: web.Application) -> AsyncIterator[None]:
+    """SIGHUP reads the policy file again (proxy/reloading.py), as the admin API's
+    reload does; its answer is only logged. Only a proxy started from a file listens."""
+    runtime = app[RUNTIME]
+    if runtime.policy_file is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[None]] = set()
+
+    async def reload() -> None:
+        # Refused: already logged, and nothing changed.
+        with contextlib.suppress(reloading.ReloadRefused):
+            await reloading.reload_policy(runtime, app[UPSTREAMS])
+
+    def on_hangup() -> None:
+        task = asyncio.create_task(reload(), name="reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    yield
+    loop.remove_signal_handler(signal.SIGHUP)
+    for task in list(reloads):
+        task.cancel()
+    await asyncio.gather(*reloads, return_exceptions=True)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -319,7 +360,7 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
         # not keep this one too.
         response.force_close()
         return response
-    runtime.requests_in_flight += 1
+    generation = runtime.begin_request()
     try:
         return await handler(request)
     except asyncio.CancelledError:
@@ -333,7 +374,7 @@ async def capacity_middleware(request: web.Request, handler: Handler) -> web.Str
             )
         raise
     finally:
-        runtime.requests_in_flight -= 1
+        runtime.end_request(generation)
 
 
 # A head refused by the exact checks on what the parser made of it closes its connection.

@@ -1,7 +1,7 @@
 """`fenceproxy` command line: serve, check the policy, read and act on the store.
 
-Every command but `serve` works on the store directly, so it works while the
-proxy is down. Tables for people, `--json` for programs, one line on failure.
+Every command but `serve` and `reload` works on the store directly, so it works
+while the proxy is down. Tables for people, `--json` for programs, one line on failure.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from core.records import EffectState
 from policies import ConfigError
-from proxy import cli_serve, cli_store, operations
+from proxy import cli_reload, cli_serve, cli_store, operations
 from proxy.identity import STATE_DIR_ENV
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
 from proxy.terminal import printable
@@ -86,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
         f"${STATE_DIR_ENV}, else the SQLite database's directory, or for PostgreSQL "
         "the configuration file's)",
     )
+    reload = command(
+        "reload",
+        cli_reload.reload,
+        "make a running replica read its policy file again (as SIGHUP does), or say why not",
+    )
+    reload.add_argument(
+        "--url", help="the replica, e.g. http://127.0.0.1:8080 (default: the file's listen)"
+    )
+    reload.add_argument(
+        "--port", type=_port, help="the replica's port, if not the file's listen.port"
+    )
+    reload.add_argument("--cafile", help="CA bundle that the replica's https certificate chains to")
+    reload.add_argument("--json", action="store_true", help="print JSON for programs")
     check = command("check-config", cli_serve.check_config, "validate a policy file")
     check.add_argument("file", nargs="?", help="policy file (default: --config)")
 

@@ -25,7 +25,7 @@ from proxy.auth import (
     exposure_warning,
     missing_keys,
 )
-from proxy.cli_store import CommandError, policy_of
+from proxy.cli_store import CommandError, policy_and_digest_of
 from proxy.identity import IdentityCheck, default_state_dir, memory_file
 from proxy.runtime import RUNTIME
 from store import check_server
@@ -49,19 +49,24 @@ def server_options(policy: Policy) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    policy = policy_of(args)
+    policy, digest = policy_and_digest_of(args)
     try:
         # Read once: a test pauses a replica at a named place (proxy/failpoints.py).
         paused_at = failpoints.configure(os.environ)
     except failpoints.FailpointError as exc:
         raise CommandError(str(exc)) from None
-    # Two replicas on one host differ only in their listener: one file serves both.
-    listen = dataclasses.replace(
-        policy.listen,
-        host=args.host if args.host is not None else policy.listen.host,
-        port=args.port if args.port is not None else policy.listen.port,
-    )
-    policy = dataclasses.replace(policy, listen=listen)
+
+    def adjust(policy: Policy) -> Policy:
+        """Two replicas on one host differ only in their listener: one file serves both
+        (and a reload reads it again with the same change)."""
+        listen = dataclasses.replace(
+            policy.listen,
+            host=args.host if args.host is not None else policy.listen.host,
+            port=args.port if args.port is not None else policy.listen.port,
+        )
+        return dataclasses.replace(policy, listen=listen)
+
+    policy = adjust(policy)
     admin_token = env_secret(os.environ, policy.admin_token_env) if policy.admin_token_env else None
     next_env = policy.admin_token_next_env
     admin_token_next = env_secret(os.environ, next_env) if next_env else None
@@ -79,10 +84,13 @@ def serve(args: argparse.Namespace) -> int:
             admin_token=admin_token or None,
             identity=identity,
             admin_token_next=admin_token_next or None,
+            policy_file=args.config,
+            policy_digest=digest,
         )
     except KeyProblem as exc:
         raise CommandError(f"{args.config}: {exc}") from None
     app[RUNTIME].grace_s = args.grace
+    app[RUNTIME].adjust = adjust
     _check_free(policy.listen.host, policy.listen.port, "--port N (or listen.port)")
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen

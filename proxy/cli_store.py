@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from policies import Policy, load_policy
+from policies import Policy, load_policy_with_digest
 from policies.store_backends import StoreBackend, store_backend
 from proxy import operations
 from proxy.app import new_instance_id
@@ -35,12 +35,21 @@ class CommandError(Exception):
     """A one-line reason for a non-zero exit."""
 
 
+# Of a policy's sha256, enough to tell the files apart in a table.
+POLICY_DIGEST_SHOWN = 12
+
+
 def policy_of(args: argparse.Namespace) -> Policy:
+    return policy_and_digest_of(args)[0]
+
+
+def policy_and_digest_of(args: argparse.Namespace) -> tuple[Policy, str]:
+    """The policy of --config and the sha256 of the bytes it was read from."""
     if not args.config:
         raise CommandError("no policy file: pass --config FILE or set FENCEPROXY_CONFIG")
     if not os.path.exists(args.config):
         raise CommandError(f"{args.config}: no such file")
-    return load_policy(args.config)
+    return load_policy_with_digest(args.config)
 
 
 def with_store(
@@ -272,12 +281,25 @@ def status(args: argparse.Namespace) -> int:
             f"{now - replica.started_at:.0f}s",
             ago(replica.last_sweep_at),
             ago(replica.last_probe_at),
+            (replica.policy_digest or "-")[:POLICY_DIGEST_SHOWN],
         ]
         for replica in status.replicas
     ]
     print(f"replicas seen in the last {operations.REPLICAS_WINDOW_S:.0f}s: {len(rows)}")
     if rows:
-        emit(args, None, rows, ["instance", "version", "seen", "up", "last sweep", "last probe"])
+        emit(
+            args,
+            None,
+            rows,
+            ["instance", "version", "seen", "up", "last sweep", "last probe", "policy"],
+        )
+    digests = operations.policy_digests(status.replicas)
+    if len(digests) > 1:
+        print(
+            f"warning: the replicas serve {len(digests)} different policy files "
+            f"({', '.join(d[:POLICY_DIGEST_SHOWN] for d in digests)}): reload or restart "
+            "the ones behind (docs/how-to/deployment.md)"
+        )
     return 0
 
 

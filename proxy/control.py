@@ -14,7 +14,7 @@ from aiohttp import web
 from core.codes import ErrorCode
 from core.records import LeaseRecord, Refusal
 from policies import AuthClient, Right
-from proxy import auth, openapi, operations
+from proxy import auth, openapi, operations, reloading
 from proxy.operations import OperationRefused
 from proxy.presentation import lease_view_json
 from proxy.problems import ProblemError, refusal_response
@@ -31,6 +31,7 @@ from proxy.requests import (
 from proxy.runtime import UPSTREAMS, Runtime, runtime_of
 from proxy.tokens import new_token, token_hash, well_formed
 from reconcile import operations as reconciliation
+from store import StoreError
 
 PREFIX = "/_fence/v1"
 
@@ -53,6 +54,7 @@ def add_routes(app: web.Application, metrics: bool = True) -> None:
     post(f"{PREFIX}/leases/release", release)
     post(f"{PREFIX}/admin/revoke", revoke)
     post(f"{PREFIX}/admin/close-recovery", close_recovery)
+    post(f"{PREFIX}/admin/reload", reload_policy)
     get(f"{PREFIX}/effects", list_effects)
     get(f"{PREFIX}/effects/{{effect_id}}", show_effect)
     post(f"{PREFIX}/effects/{{effect_id}}/probe", probe_effect)
@@ -222,6 +224,19 @@ async def close_recovery(request: web.Request) -> web.Response:
     await json_object(request, set())
     store = runtime_of(request).store
     return web.json_response({"closed": await store.close_recovery()})
+
+
+async def reload_policy(request: web.Request) -> web.Response:
+    """`fenceproxy reload` and SIGHUP over the API: this replica reads its policy file
+    again (proxy/reloading.py); a refusal changed nothing and says why."""
+    auth.require(request, Right.ADMIN)
+    await json_object(request, set())
+    runtime = runtime_of(request)
+    try:
+        reloaded = await reloading.reload_policy(runtime, request.config_dict[UPSTREAMS])
+    except reloading.ReloadRefused as refused:
+        raise ProblemError(ErrorCode.RELOAD_REFUSED, str(refused)) from None
+    return web.json_response(reloaded.as_json())
 
 
 def _listing_limit(client: AuthClient, query: Mapping[str, str]) -> tuple[str | None, int]:
@@ -431,6 +446,7 @@ def this_instance(runtime: Runtime) -> operations.ThisInstance:
         uptime_s=now - runtime.started,
         last_sweep_age_s=age(reconciler.last_sweep) if reconciler else None,
         last_probe_age_s=age(reconciler.last_probe) if reconciler else None,
+        policy_digest=runtime.policy_digest,
     )
 
 
@@ -483,7 +499,25 @@ async def readyz(request: web.Request) -> web.Response:
     if replication is not None:
         # What the PostgreSQL primary says of its standbys (issue 18 §1).
         body["replication"] = replication.as_json()
+    body["policy"] = await _policy_agreement(runtime)
     return web.json_response(body)
+
+
+async def _policy_agreement(runtime: Runtime) -> dict[str, object]:
+    """The policy this replica serves, and the replicas seen lately that serve another.
+    Said, not refused: during a rolling change of the policy they differ for a while,
+    and taking every replica out of the balancer then would be worse (the alert on
+    fenceproxy_policy_info tells the lasting case)."""
+    answer: dict[str, object] = {"digest": runtime.policy_digest}
+    try:
+        replicas = await runtime.readiness.replicas(runtime.store, operations.REPLICAS_WINDOW_S)
+    except StoreError:
+        return answer  # ready was proven by the write; who else runs is unknown now
+    answer["disagreeing"] = [
+        {"instance_id": replica.instance_id, "digest": replica.policy_digest}
+        for replica in operations.disagreeing(replicas, runtime.policy_digest)
+    ]
+    return answer
 
 
 async def _record(

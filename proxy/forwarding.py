@@ -160,23 +160,58 @@ class UpstreamPools:
     its own CA bundle (`upstream_context`)."""
 
     def __init__(self, upstreams: Iterable[Upstream]) -> None:
-        self._fenced = {
-            u.name: new_client_session(u.pool.fenced, upstream_context(u), FencedRequest)
-            for u in upstreams
-        }
-        self._pass_through = {
-            u.name: new_client_session(u.pool.pass_through, upstream_context(u)) for u in upstreams
-        }
+        # By the upstream's whole value, not its name: a request keeps the session of
+        # the upstream it started with when a reload changes it (`update`).
+        self._fenced: dict[Upstream, aiohttp.ClientSession] = {}
+        self._pass_through: dict[Upstream, aiohttp.ClientSession] = {}
+        # Sessions of upstreams a reload took away: requests that started before it
+        # still find them, until `close_retired`.
+        self._retired_fenced: dict[Upstream, aiohttp.ClientSession] = {}
+        self._retired_pass_through: dict[Upstream, aiohttp.ClientSession] = {}
+        self.update(upstreams)
+
+    def update(self, upstreams: Iterable[Upstream]) -> list[Upstream]:
+        """Sessions for the upstreams new or changed; the upstreams no longer named are
+        returned, for `close_retired` once the requests that started before are done
+        (closing a session cuts its connections in use)."""
+        wanted = set(upstreams)
+        gone = set(self._fenced) - wanted
+        for u in gone:
+            self._retired_fenced[u] = self._fenced.pop(u)
+            self._retired_pass_through[u] = self._pass_through.pop(u)
+        for u in wanted - set(self._fenced):
+            back_fenced = self._retired_fenced.pop(u, None)
+            back_pass_through = self._retired_pass_through.pop(u, None)
+            self._fenced[u] = back_fenced or new_client_session(
+                u.pool.fenced, upstream_context(u), FencedRequest
+            )
+            self._pass_through[u] = back_pass_through or new_client_session(
+                u.pool.pass_through, upstream_context(u)
+            )
+        return sorted(gone, key=lambda u: u.name)
+
+    async def close_retired(self, upstreams: Iterable[Upstream]) -> None:
+        for u in upstreams:
+            for retired in (self._retired_fenced, self._retired_pass_through):
+                session = retired.pop(u, None)
+                if session is not None:
+                    await session.close()
 
     def fenced(self, upstream: Upstream) -> aiohttp.ClientSession:
-        return self._fenced[upstream.name]
+        return self._fenced.get(upstream) or self._retired_fenced[upstream]
 
     def pass_through(self, upstream: Upstream) -> aiohttp.ClientSession:
-        return self._pass_through[upstream.name]
+        return self._pass_through.get(upstream) or self._retired_pass_through[upstream]
 
     async def close(self) -> None:
-        for session in [*self._fenced.values(), *self._pass_through.values()]:
-            await session.close()
+        for sessions in (
+            self._fenced,
+            self._pass_through,
+            self._retired_fenced,
+            self._retired_pass_through,
+        ):
+            for session in sessions.values():
+                await session.close()
 
 
 # Headers whose removal would change what the request means or how it is framed: a

@@ -50,6 +50,22 @@ class Metrics:
             ["conclusion"],
             registry=self.registry,
         )
+        self.policy = Gauge(
+            "fenceproxy_policy_info",
+            "1, labelled with the sha256 of the policy file this process serves (its "
+            "bytes): replicas with different digests serve different policies",
+            ["digest"],
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "fenceproxy_policy_reloads",
+            "Policy reloads (SIGHUP, POST /_fence/v1/admin/reload), by result: reloaded "
+            "or refused (nothing changed)",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("reloaded", "refused"):
+            self.reloads.labels(result)
         self.background_failures = Counter(
             "fenceproxy_background_failures",
             "Rounds of a background loop (reconciler, collector) that failed unexpectedly",
@@ -174,6 +190,15 @@ class Metrics:
 
     def count_probe(self, conclusion: str) -> None:
         self._child(self.probes, conclusion).inc()
+
+    def serve_policy(self, digest: str | None) -> None:
+        """The policy served from now on; a policy built in memory has no digest."""
+        self.policy.clear()
+        if digest is not None:
+            self.policy.labels(digest).set(1)
+
+    def count_reload(self, result: str) -> None:
+        self.reloads.labels(result).inc()
 
     def count_background_failure(self, loop: str) -> None:
         self._child(self.background_failures, loop).inc()

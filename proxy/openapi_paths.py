@@ -216,6 +216,36 @@ def admin_paths() -> dict[str, Any]:
                 ),
             }
         },
+        "/_fence/v1/admin/reload": {
+            "post": {
+                "summary": "read this replica's policy file again and serve it from the next "
+                "request on; refused (409 reload_refused, nothing changed) when it is "
+                "invalid, changes a key that needs a restart, or would strand an effect in "
+                "doubt",
+                "security": ADMIN,
+                "requestBody": body({}),
+                "responses": responses(
+                    {
+                        "200": json_body(
+                            {
+                                "type": "object",
+                                "required": ["file", "digest", "previous_digest", "changed"],
+                                "properties": {
+                                    "file": {"type": "string"},
+                                    "digest": {"type": "string"},
+                                    "previous_digest": {"type": ["string", "null"]},
+                                    "changed": {"type": "boolean"},
+                                },
+                            },
+                            "reloaded: the sha256 of the file now served",
+                        )
+                    },
+                    BODY,
+                    GUARDED,
+                    [ErrorCode.RELOAD_REFUSED],
+                ),
+            }
+        },
     }
 
 

@@ -105,6 +105,8 @@ def status_schema() -> dict[str, Any]:
             "seen_at": {"type": "number"},
             "last_sweep_at": _NUMBER_OR_NULL,
             "last_probe_at": _NUMBER_OR_NULL,
+            # The sha256 of the policy file it serves (null: it does not say).
+            "policy_digest": {"type": ["string", "null"]},
         },
     }
     return {
@@ -120,6 +122,7 @@ def status_schema() -> dict[str, Any]:
                     "uptime_s": {"type": "number"},
                     "last_sweep_age_s": _NUMBER_OR_NULL,
                     "last_probe_age_s": _NUMBER_OR_NULL,
+                    "policy_digest": {"type": ["string", "null"]},
                 },
             },
             "store": {
@@ -134,6 +137,8 @@ def status_schema() -> dict[str, Any]:
             },
             "replicas_window_s": {"type": "number"},
             "replicas": {"type": "array", "items": replica},
+            # The distinct policy files the replicas serve: more than one is a mismatch.
+            "policy_digests": {"type": "array", "items": {"type": "string"}},
         },
     }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -382,6 +382,7 @@ class ThisInstance:
     uptime_s: float
     last_sweep_age_s: float | None
     last_probe_age_s: float | None
+    policy_digest: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:
@@ -393,6 +394,7 @@ class ThisInstance:
             "uptime_s": round(self.uptime_s, 3),
             "last_sweep_age_s": rounded(self.last_sweep_age_s),
             "last_probe_age_s": rounded(self.last_probe_age_s),
+            "policy_digest": self.policy_digest,
         }
 
 
@@ -419,7 +421,22 @@ class ServiceStatus:
             },
             "replicas_window_s": REPLICAS_WINDOW_S,
             "replicas": [replica_json(replica) for replica in self.replicas],
+            # More than one: the replicas do not serve the same policy file.
+            "policy_digests": policy_digests(self.replicas),
         }
+
+
+def disagreeing(replicas: Iterable[Replica], digest: str | None) -> list[Replica]:
+    """The replicas that say they serve another policy than `digest`; one that does not
+    say (an older version, a proxy built without a file) is not counted."""
+    if digest is None:
+        return []
+    return [r for r in replicas if r.policy_digest is not None and r.policy_digest != digest]
+
+
+def policy_digests(replicas: Iterable[Replica]) -> list[str]:
+    """The distinct policies the replicas say they serve: more than one is a mismatch."""
+    return sorted({r.policy_digest for r in replicas if r.policy_digest is not None})
 
 
 async def service_status(

@@ -14,13 +14,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from store import StoreError, StoreUnavailable
+from store import Replica, StoreError, StoreUnavailable
 
 HEARTBEAT_INTERVAL_S = 1.0
 
 
 class Heartbeats(Protocol):
     async def heartbeat(self) -> float: ...
+
+
+class Replicas(Protocol):
+    async def replicas(self, within_s: float) -> tuple[Replica, ...]: ...
 
 
 class Readiness:
@@ -34,6 +38,8 @@ class Readiness:
         self._checked_at: float | None = None
         self._problem: str | None = None
         self._lock = asyncio.Lock()
+        self._replicas: tuple[Replica, ...] = ()
+        self._replicas_read_at: float | None = None
 
     def _fresh(self) -> bool:
         return self._checked_at is not None and self._clock() - self._checked_at < self.interval_s
@@ -54,3 +60,12 @@ class Readiness:
                     self._checked_at = self._clock()
         if self._problem is not None:
             raise StoreUnavailable(self._problem)
+
+    async def replicas(self, store: Replicas, within_s: float) -> tuple[Replica, ...]:
+        """The replicas' rows that readyz compares policies with, read at most once per
+        interval too (raises StoreError when the store does not answer)."""
+        read_at = self._replicas_read_at
+        if read_at is None or self._clock() - read_at >= self.interval_s:
+            self._replicas = await store.replicas(within_s)
+            self._replicas_read_at = self._clock()
+        return self._replicas

@@ -55,6 +55,42 @@ class Runtime:
     # Effects of lost admission answers being settled NOT_SENT while the store does not
     # answer (proxy/fenced.py), by effect id; cancelled when the app stops.
     settling: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # The file `policy` was read from (None: built in memory, nothing to reload), the
+    # sha256 of its bytes, and what `serve` changes in it (--host, --port) each time.
+    policy_file: str | None = None
+    policy_digest: str | None = None
+    adjust: Callable[[Policy], Policy] | None = None
+    # Each reload starts a generation; proxied requests are counted by the generation
+    # they started in, so the sessions a reload retired close once theirs are done.
+    generation: int = 0
+    in_flight_by_generation: dict[int, int] = field(default_factory=dict)
+    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    draining: set[asyncio.Task[None]] = field(default_factory=set)
+    # Set each time a generation's last request ends (`wait_for_generation`).
+    generation_ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def begin_request(self) -> int:
+        self.requests_in_flight += 1
+        generation = self.generation
+        self.in_flight_by_generation[generation] = (
+            self.in_flight_by_generation.get(generation, 0) + 1
+        )
+        return generation
+
+    def end_request(self, generation: int) -> None:
+        self.requests_in_flight -= 1
+        left = self.in_flight_by_generation[generation] - 1
+        if left:
+            self.in_flight_by_generation[generation] = left
+        else:
+            del self.in_flight_by_generation[generation]
+            self.generation_ended.set()
+
+    async def wait_for_generation(self, generation: int) -> None:
+        """Until no proxied request that started in `generation` or before runs."""
+        while any(started <= generation for started in self.in_flight_by_generation):
+            self.generation_ended.clear()
+            await self.generation_ended.wait()
 
     def settle_in_background(self, work: Coroutine[Any, Any, None], effect_id: str) -> None:
         task = asyncio.create_task(work, name=f"settle-unsent-{effect_id}")

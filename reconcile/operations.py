@@ -69,6 +69,12 @@ class InDoubt:
         }
 
 
+async def unsettled(store: Store, limit: int) -> list[EffectRecord]:
+    """The effects in doubt, as listed (no sweep, no history): what a policy reload
+    checks before it takes a route or a probe away (proxy/reloading.py)."""
+    return await store.in_doubt(limit)
+
+
 async def in_doubt(store: Store) -> InDoubt:
     await sweep(store)
     found: list[tuple[EffectRecord, EffectEvent | None]] = []

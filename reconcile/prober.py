@@ -187,12 +187,15 @@ class Reconciler:
         version: str = "unknown",
         started: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        policy_digest: str | None = None,
     ) -> None:
         """`started` is when the process started on `clock` (a monotonic one): the
         replica's row gives it, and the last sweep and probe, on the store's clock."""
         self.store = store
         self.session = session
         self.policy = policy
+        # Written in this replica's row; a reload changes it with `policy`.
+        self.policy_digest = policy_digest
         self.deadline_margin_s = deadline_margin_s
         self.on_probe = on_probe
         self.on_failure = on_failure
@@ -259,7 +262,11 @@ class Reconciler:
             return None if instant is None else now - instant
 
         await self.store.record_replica(
-            self.version, now - self.started, age(self.last_sweep), age(self.last_probe)
+            self.version,
+            now - self.started,
+            age(self.last_sweep),
+            age(self.last_probe),
+            self.policy_digest,
         )
         await self.store.refresh_recovery()
         self.last_beat = now

@@ -78,10 +78,16 @@ class Instances(StorePart):
     # -- the status page (issue 12): this instance and the others --------------
 
     async def record_replica(
-        self, version: str, up_s: float, sweep_age_s: float | None, probe_age_s: float | None
+        self,
+        version: str,
+        up_s: float,
+        sweep_age_s: float | None,
+        probe_age_s: float | None,
+        policy_digest: str | None = None,
     ) -> None:
         """This instance's row in `replicas`, seen now by the store's clock; the other
-        instants are given as ages, so they land on the same clock."""
+        instants are given as ages, so they land on the same clock. `policy_digest`:
+        the sha256 of the policy file it serves."""
 
         async def operation(tx: Tx) -> None:
             def ago(age_s: float | None) -> float | None:
@@ -95,6 +101,7 @@ class Instances(StorePart):
                 now=tx.now,
                 last_sweep_at=ago(sweep_age_s),
                 last_probe_at=ago(probe_age_s),
+                policy_digest=policy_digest,
             )
 
         await self.connector.write(operation)
@@ -112,6 +119,7 @@ class Instances(StorePart):
                     seen_at=float(row["seen_at"]),
                     last_sweep_at=float_or_none(row["last_sweep_at"]),
                     last_probe_at=float_or_none(row["last_probe_at"]),
+                    policy_digest=row["policy_digest"],
                 )
                 for row in rows
             )

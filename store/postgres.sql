@@ -464,15 +464,18 @@ ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
 
 -- record_replica --
 -- The status page's view of this instance (issue 12), from the reconciler's loop.
-INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at)
-VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at)
+INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at,
+                      policy_digest)
+VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at,
+        :policy_digest)
 ON CONFLICT (instance_id) DO UPDATE SET
     version = excluded.version, started_at = excluded.started_at, seen_at = excluded.seen_at,
-    last_sweep_at = excluded.last_sweep_at, last_probe_at = excluded.last_probe_at
+    last_sweep_at = excluded.last_sweep_at, last_probe_at = excluded.last_probe_at,
+    policy_digest = excluded.policy_digest
 
 -- replicas_seen --
 -- The instances that wrote their row since :since (replicas_by_seen), latest first.
-SELECT instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at
+SELECT instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at, policy_digest
 FROM replicas WHERE seen_at >= :since ORDER BY seen_at DESC LIMIT :limit
 
 -- unended_leases --

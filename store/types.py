@@ -142,6 +142,8 @@ class Replica:
     seen_at: float
     last_sweep_at: float | None
     last_probe_at: float | None
+    # The sha256 of the policy file it serves; None from a replica that does not say.
+    policy_digest: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from proxy.readiness import HEARTBEAT_INTERVAL_S, Readiness
-from store import StoreError, StoreUnavailable
+from store import Replica, StoreError, StoreUnavailable
 
 
 class Clock:
@@ -71,3 +71,27 @@ async def test_a_refused_write_is_not_ready_until_a_write_works_again(
     clock.now += HEARTBEAT_INTERVAL_S
     await readiness.check(beats)
     assert beats.writes == 2
+
+
+class Rows:
+    """A store's replicas' rows: counts the reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def replicas(self, within_s: float) -> tuple[Replica, ...]:
+        self.reads += 1
+        return (Replica("a", "1", 0.0, 1.0, None, None, f"digest-{self.reads}"),)
+
+
+async def test_the_replicas_compared_in_readyz_are_read_once_per_interval() -> None:
+    """Probes come often: the policy comparison costs one read per interval, not one
+    per probe, and a reload elsewhere shows within the interval."""
+    clock, rows = Clock(), Rows()
+    readiness = Readiness(clock=clock)
+    for _ in range(5):
+        (seen,) = await readiness.replicas(rows, 300)
+    assert (rows.reads, seen.policy_digest) == (1, "digest-1")
+    clock.now += HEARTBEAT_INTERVAL_S
+    (seen,) = await readiness.replicas(rows, 300)
+    assert (rows.reads, seen.policy_digest) == (2, "digest-2")

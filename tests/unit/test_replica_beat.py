@@ -26,15 +26,22 @@ class Rows:
 
     def __init__(self) -> None:
         self.written: list[tuple[str, float, float | None, float | None]] = []
+        self.digests: list[str | None] = []
         self.recovery_reads = 0
 
     async def refresh_recovery(self) -> None:
         self.recovery_reads += 1
 
     async def record_replica(
-        self, version: str, up_s: float, sweep_age_s: float | None, probe_age_s: float | None
+        self,
+        version: str,
+        up_s: float,
+        sweep_age_s: float | None,
+        probe_age_s: float | None,
+        policy_digest: str | None = None,
     ) -> None:
         self.written.append((version, up_s, sweep_age_s, probe_age_s))
+        self.digests.append(policy_digest)
 
 
 def _reconciler(rows: Rows, clock: Clock) -> Reconciler:
@@ -73,6 +80,19 @@ async def test_the_row_carries_uptime_and_the_ages_of_the_last_sweep_and_probe()
     clock.now += REPLICA_BEAT_INTERVAL_S
     await reconciler.beat()
     assert rows.written[-1] == ("1.2.3", 30.0 + REPLICA_BEAT_INTERVAL_S, 5.5, 9.0)
+
+
+async def test_the_row_says_which_policy_and_a_reload_says_the_new_one_at_once() -> None:
+    """A reload sets the digest and forgets the last beat (proxy/reloading.py): the
+    row says the new policy at the next round, not an interval later."""
+    rows, clock = Rows(), Clock()
+    reconciler = _reconciler(rows, clock)
+    reconciler.policy_digest = "a" * 64
+    await reconciler.beat()
+    reconciler.policy_digest, reconciler.last_beat = "b" * 64, None
+    clock.now += REPLICA_BEAT_INTERVAL_S / 20
+    await reconciler.beat()
+    assert rows.digests == ["a" * 64, "b" * 64]
 
 
 async def test_each_beat_reads_the_recovery_window_again() -> None:

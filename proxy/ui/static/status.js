@@ -131,6 +131,7 @@
     if (!formOpen()) {
       const parts = [
         ["service", "/status", renderService],
+        ["policies", "/status", renderPolicies],
         ["outstanding", "/reconcile", renderOutstanding],
         ["leases", "/leases/recent", renderLeases],
         ["refusals", "/rejections?limit=200", renderRefusals],
@@ -201,6 +202,33 @@
       replicas.length
         ? table(["instance", "version", "seen", "up", "last sweep", "last probe"], replicas)
         : el("p", { class: "muted" }, "none has written its row yet")
+    );
+  }
+
+  // Which policy file each replica serves (the sha256 of its bytes): more than one
+  // means a replica was not reloaded or restarted after a change.
+  function renderPolicies(status) {
+    const digests = status.policy_digests || [];
+    const mine = status.instance.policy_digest;
+    const short = (d) => (d ? d.slice(0, 12) : "-");
+    const verdict =
+      digests.length > 1
+        ? el(
+            "p",
+            { class: "bad policy-mismatch" },
+            `The replicas serve ${digests.length} different policy files: reload or restart the ones behind.`
+          )
+        : el("p", { class: "ok" }, "Every replica that says serves the same policy file.");
+    const rows = status.replicas.map((r) => [
+      r.instance_id,
+      short(r.policy_digest),
+      mine && r.policy_digest && r.policy_digest !== mine ? "differs from this one" : "",
+    ]);
+    fill(
+      "policies",
+      el("p", {}, `This replica: ${short(mine)}`),
+      verdict,
+      rows.length ? table(["instance", "policy (sha256)", ""], rows) : el("p", { class: "muted" }, "no replica row yet")
     );
   }
 

@@ -11,6 +11,7 @@ tmp_path (docs/status-page.png, on the docs' "when you are paged" page, is one o
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -175,6 +176,11 @@ def test_the_page_asks_for_the_key_and_refuses_a_wrong_one(
     page.log_in(stack.admin_token)
     page.until(lambda d: stack.instance_id in page.text("#service"))
     assert "sqlite: answers" in page.text("#service")
+    # Its own panel: the policy file this replica serves, and that no replica differs.
+    assert stack.config_path is not None
+    digest = hashlib.sha256(stack.config_path.read_bytes()).hexdigest()
+    page.until(lambda d: f"This replica: {digest[:12]}" in page.text("#policies"))
+    assert "serves the same policy file" in page.text("#policies")
     # The key is in the tab's sessionStorage only: no cookie, nothing in the URL.
     assert browser.execute_script("return sessionStorage.length") == 1
     assert browser.get_cookies() == []

@@ -218,10 +218,12 @@ class Fleet:
         *,
         skew_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        serve_args: tuple[str, ...] = (),
     ) -> Proxy:
         """Start a replica (not waiting for it); `skew_s` shifts its process clock, `env`
-        adds to its environment (e.g. FENCEPROXY_FAILPOINTS)."""
-        serve = ["serve", "--config", str(config_path), "--grace", "1"]
+        adds to its environment (e.g. FENCEPROXY_FAILPOINTS), `serve_args` to its
+        command line (e.g. --port, for replicas sharing one file)."""
+        serve = ["serve", "--config", str(config_path), "--grace", "1", *serve_args]
         if skew_s is None:
             argv = [sys.executable, "-m", "proxy.cli", *serve]
         else:
@@ -274,7 +276,9 @@ class Fleet:
         self.wait_ready(*replicas)
         return replicas
 
-    def cli(self, config_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, config_path: Path, *args: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """The installed `fenceproxy` command with `--config`; never raises on exit."""
         return subprocess.run(
             [str(FENCEPROXY_CLI), *args, "--config", str(config_path)],
@@ -283,7 +287,7 @@ class Fleet:
             text=True,
             timeout=CLI_TIMEOUT_S,
             check=False,
-            env=_environ(),
+            env={**_environ(), **(env or {})},
         )
 
     def log_tails(self) -> list[tuple[str, str]]:
