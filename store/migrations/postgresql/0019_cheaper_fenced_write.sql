@@ -6,9 +6,9 @@
 -- * The receipt locks its resource as the admission does since migration 0014 (WHERE
 --   FALSE): the row is locked, not rewritten. The update left a row version of
 --   `resources` (and its WAL) per fenced write.
--- * The receipt reads the store id and the time in one statement, once the lock is held,
---   and locks (inserts) only in the store it was given: a different store gets nothing
---   written, as before.
+-- * The receipt locks and reads the store id and the time in one statement (the time
+--   once the lock is held, as lock_resource), and locks (inserts) only in the store it
+--   was given: a different store gets nothing written, as before.
 -- * The admission's lock is one statement, no longer an IF around an INSERT.
 
 -- The key commit of migration 0017, its plan kept for the session.
@@ -41,7 +41,7 @@ BEGIN
 END
 $$;
 
--- The receipt of migration 0017, one row version fewer and one statement fewer.
+-- The receipt of migration 0017, one row version fewer and two statements fewer.
 CREATE OR REPLACE FUNCTION fenceproxy_receipt(
     p_store_id TEXT, p_id TEXT, p_resource TEXT, p_expected TEXT, p_state TEXT,
     p_upstream_status INTEGER, p_reason TEXT, p_probe_now BOOLEAN,
@@ -58,12 +58,16 @@ DECLARE
     v_now DOUBLE PRECISION;
     v_retain_s DOUBLE PRECISION;
 BEGIN
-    INSERT INTO resources AS r (resource, epoch)
-    SELECT p_resource, 0 FROM store_identity s WHERE s.store_id = p_store_id
-    ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE;
+    -- The time is read once the lock is held: the aggregate waits for the upsert.
+    WITH locked AS (
+        INSERT INTO resources AS r (resource, epoch)
+        SELECT p_resource, 0 FROM store_identity s WHERE s.store_id = p_store_id
+        ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE
+        RETURNING 1
+    )
     SELECT s.store_id, extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s
     INTO v_store_id, v_now
-    FROM store_identity s, store_meta m;
+    FROM store_identity s, store_meta m, (SELECT count(*) FROM locked) AS held;
     IF v_store_id IS DISTINCT FROM p_store_id THEN
         RETURN QUERY SELECT v_store_id, NULL::float8, false;
         RETURN;
