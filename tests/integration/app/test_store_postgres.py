@@ -10,6 +10,7 @@ The contract both backends share is in test_store_contract.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -353,3 +354,75 @@ async def _until_waiting_on_a_lock(
             return
         await asyncio.sleep(0.01)
     raise AssertionError("fence-restore never waited on the row lock")
+
+
+async def _receipt(
+    conn: asyncpg.Connection, store_id: str, effect: EffectRecord, key: str
+) -> asyncpg.Record:
+    """The one-statement receipt of a 200 that commits `effect` and its key."""
+    row = await conn.fetchrow(
+        "SELECT * FROM fenceproxy_receipt($1, $2, $3, 'DISPATCHING', 'COMMITTED', 200,"
+        " 'answered 200', false, 'commit', $4, $5, $6, 86400.0, 200, '{}', 'ok'::bytea,"
+        " NULL, 'dispatch', 'test', NULL)",
+        store_id,
+        effect.id,
+        effect.resource,
+        key,
+        effect.fingerprint,
+        effect.epoch,
+    )
+    assert row is not None
+    return row
+
+
+async def test_a_receipt_locks_its_resource_without_writing_a_row_version(
+    replicas: tuple[Store, Store], store_url: str
+) -> None:
+    """The receipt takes its resource's lock as the admission does: a row version per
+    fenced write would be written (and its WAL) for a row that does not change."""
+    one, _ = replicas
+    token_hash = await leased(one, "quiet")
+    admitted = await one.admit(token_hash, new_effect("quiet", "k-quiet"))
+    assert isinstance(admitted, Admitted), admitted
+    conn = await asyncpg.connect(store_url)
+    try:
+        store_id = await conn.fetchval("SELECT store_id FROM store_identity")
+        version = "SELECT xmin::text FROM resources WHERE resource = 'quiet'"
+        before = await conn.fetchval(version)
+        row = await _receipt(conn, store_id, admitted.effect, "k-quiet")
+        assert row["applied"] is True
+        assert await conn.fetchval(version) == before
+        committed = await conn.fetchrow(
+            "SELECT e.state, i.expires_at FROM effects e JOIN idempotency i"
+            " ON i.effect_id = e.id WHERE e.id = $1",
+            admitted.effect.id,
+        )
+        assert committed is not None and committed["state"] == "COMMITTED"
+        assert committed["expires_at"] is not None
+    finally:
+        await conn.close()
+
+
+async def test_a_receipt_for_another_store_writes_nothing(
+    replicas: tuple[Store, Store], store_url: str
+) -> None:
+    """Not even the lock's row of a resource the store never had."""
+    one, _ = replicas
+    token_hash = await leased(one, "mine")
+    admitted = await one.admit(token_hash, new_effect("mine", "k-mine"))
+    assert isinstance(admitted, Admitted), admitted
+    stranger = dataclasses.replace(admitted.effect, resource="never-seen")
+    conn = await asyncpg.connect(store_url)
+    try:
+        store_id = await conn.fetchval("SELECT store_id FROM store_identity")
+        row = await _receipt(conn, "another-store", stranger, "k-mine")
+        assert (row["store_id"], row["now"], row["applied"]) == (store_id, None, False)
+        assert (
+            await conn.fetchval("SELECT count(*) FROM resources WHERE resource = 'never-seen'") == 0
+        )
+        assert (
+            await conn.fetchval("SELECT state FROM effects WHERE id = $1", admitted.effect.id)
+            == "DISPATCHING"
+        )
+    finally:
+        await conn.close()

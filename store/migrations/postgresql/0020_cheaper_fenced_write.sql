@@ -1,0 +1,155 @@
+-- PostgreSQL's own CPU per fenced write (bench/README.md has the profile): the same
+-- three functions, each writing and running less. Nothing they decide or return changes.
+-- * fenceproxy_commit_key in PL/pgSQL: a LANGUAGE sql function that is not inlined (an
+--   INSERT never is) plans its body on every call; PL/pgSQL keeps the plan for the
+--   session. It cost more than the upsert it runs.
+-- * The receipt locks its resource as the admission does since migration 0014 (WHERE
+--   FALSE): the row is locked, not rewritten. The update left a row version of
+--   `resources` (and its WAL) per fenced write.
+-- * The receipt locks and reads the store id and the time in one statement (the time
+--   once the lock is held, as lock_resource), and locks (inserts) only in the store it
+--   was given: a different store gets nothing written, as before.
+-- * The admission's lock is one statement, no longer an IF around an INSERT.
+
+-- The key commit of migration 0017, its plan kept for the session.
+CREATE OR REPLACE FUNCTION fenceproxy_commit_key(
+    p_resource TEXT, p_key TEXT, p_fingerprint TEXT, p_effect_id TEXT, p_epoch BIGINT,
+    p_expires_at DOUBLE PRECISION, p_status INTEGER, p_headers TEXT, p_body BYTEA,
+    p_settled_by TEXT
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO idempotency AS i (resource, key, fingerprint, effect_id, epoch, expires_at,
+                                  response_status, response_headers, response_body,
+                                  settled_by)
+    VALUES (p_resource, p_key, p_fingerprint, p_effect_id, p_epoch, p_expires_at,
+            p_status, p_headers, p_body, p_settled_by)
+    ON CONFLICT (resource, key) DO UPDATE SET
+        fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+        epoch = excluded.epoch, expires_at = excluded.expires_at,
+        response_status = CASE WHEN i.effect_id = excluded.effect_id
+            THEN COALESCE(excluded.response_status, i.response_status)
+            ELSE excluded.response_status END,
+        response_headers = CASE WHEN i.effect_id = excluded.effect_id
+            THEN COALESCE(excluded.response_headers, i.response_headers)
+            ELSE excluded.response_headers END,
+        response_body = CASE WHEN i.effect_id = excluded.effect_id
+            THEN COALESCE(excluded.response_body, i.response_body)
+            ELSE excluded.response_body END,
+        settled_by = excluded.settled_by;
+END
+$$;
+
+-- The receipt of migration 0017, one row version fewer and two statements fewer.
+CREATE OR REPLACE FUNCTION fenceproxy_receipt(
+    p_store_id TEXT, p_id TEXT, p_resource TEXT, p_expected TEXT, p_state TEXT,
+    p_upstream_status INTEGER, p_reason TEXT, p_probe_now BOOLEAN,
+    p_key TEXT, p_idempotency_key TEXT, p_fingerprint TEXT, p_epoch BIGINT,
+    p_default_retain_s DOUBLE PRECISION, p_status INTEGER, p_headers TEXT, p_body BYTEA,
+    p_key_settled_by TEXT,
+    p_kind TEXT, p_actor TEXT, p_conclusion TEXT
+)
+RETURNS TABLE (store_id TEXT, now DOUBLE PRECISION, applied BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_store_id TEXT;
+    v_now DOUBLE PRECISION;
+    v_retain_s DOUBLE PRECISION;
+BEGIN
+    -- The time is read once the lock is held: the aggregate waits for the upsert.
+    WITH locked AS (
+        INSERT INTO resources AS r (resource, epoch)
+        SELECT p_resource, 0 FROM store_identity s WHERE s.store_id = p_store_id
+        ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE
+        RETURNING 1
+    )
+    SELECT s.store_id, extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s
+    INTO v_store_id, v_now
+    FROM store_identity s, store_meta m, (SELECT count(*) FROM locked) AS held;
+    IF v_store_id IS DISTINCT FROM p_store_id THEN
+        RETURN QUERY SELECT v_store_id, NULL::float8, false;
+        RETURN;
+    END IF;
+    IF p_key = 'free' AND EXISTS (
+        SELECT 1 FROM effects o
+        WHERE o.resource = p_resource AND o.idempotency_key = p_idempotency_key
+          AND o.id <> p_id AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+    ) THEN
+        RETURN QUERY SELECT v_store_id, v_now, false;
+        RETURN;
+    END IF;
+    UPDATE effects e SET state = p_state, finished_at = v_now,
+                         upstream_status = p_upstream_status, reason = p_reason,
+                         settled_by = NULL,
+                         next_probe_at = CASE WHEN p_probe_now THEN v_now END,
+                         probe_claimed_by = NULL, probe_claimed_until = NULL
+    WHERE e.id = p_id AND e.state = p_expected
+    RETURNING e.retain_s INTO v_retain_s;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT v_store_id, v_now, false;
+        RETURN;
+    END IF;
+    IF p_key = 'free' THEN
+        DELETE FROM idempotency WHERE effect_id = p_id;
+    ELSIF p_key = 'commit' THEN
+        PERFORM fenceproxy_commit_key(
+            p_resource, p_idempotency_key, p_fingerprint, p_id, p_epoch,
+            v_now + COALESCE(v_retain_s, p_default_retain_s), p_status, p_headers, p_body,
+            p_key_settled_by);
+    END IF;
+    IF p_conclusion IS NOT NULL THEN
+        INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion,
+                                   detail)
+        VALUES (p_id, v_now, p_kind, p_actor, p_upstream_status, p_conclusion, p_reason);
+    END IF;
+    RETURN QUERY SELECT v_store_id, v_now, true;
+END
+$$;
+
+-- The admission of migration 0014, its lock in one statement.
+CREATE OR REPLACE FUNCTION fenceproxy_admission_state(p_token_hash TEXT, p_resource TEXT, p_key TEXT)
+RETURNS TABLE (
+    now DOUBLE PRECISION, store_id TEXT,
+    t_resource TEXT, t_epoch BIGINT, t_holder TEXT, t_granted_at DOUBLE PRECISION,
+    t_expires_at DOUBLE PRECISION, t_ended_at DOUBLE PRECISION, t_end_reason TEXT,
+    t_client TEXT,
+    epoch BIGINT, epoch_floor BIGINT, holder TEXT, granted_at DOUBLE PRECISION,
+    expires_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, end_reason TEXT, client TEXT,
+    open_effects TEXT,
+    i_fingerprint TEXT, i_effect_id TEXT, i_effect_state TEXT, i_epoch BIGINT,
+    i_expires_at DOUBLE PRECISION, i_response_status INTEGER, i_response_headers TEXT,
+    i_response_body BYTEA, i_settled_by TEXT
+)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO resources AS r (resource, epoch)
+    SELECT p_resource, 0 WHERE EXISTS (SELECT 1 FROM leases l
+                                       WHERE l.token_hash = p_token_hash
+                                         AND l.resource = p_resource)
+    ON CONFLICT (resource) DO UPDATE SET epoch = r.epoch WHERE FALSE;
+    RETURN QUERY
+    SELECT extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s,
+           (SELECT s.store_id FROM store_identity s),
+           t.resource, t.epoch, t.holder, t.granted_at, t.expires_at, t.ended_at,
+           t.end_reason, t.client,
+           r.epoch, m.epoch_floor, l.holder, l.granted_at, l.expires_at, l.ended_at,
+           l.end_reason, l.client,
+           (SELECT COALESCE(json_agg(json_build_array(o.id, o.state, o.epoch,
+                                                      o.idempotency_key, o.fingerprint)
+                                     ORDER BY o.created_at), '[]')::text
+            FROM effects o
+            WHERE o.resource = p_resource
+              AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')),
+           i.fingerprint, i.effect_id, e.state, i.epoch, i.expires_at, i.response_status,
+           i.response_headers, i.response_body, i.settled_by
+    FROM store_meta m
+    LEFT JOIN leases t ON t.token_hash = p_token_hash
+    LEFT JOIN resources r ON r.resource = p_resource
+    LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
+    LEFT JOIN idempotency i ON i.resource = p_resource AND i.key = p_key
+    LEFT JOIN effects e ON e.id = i.effect_id;
+END
+$$;
