@@ -58,12 +58,10 @@ TOKENS = {
     "AsyncOnLost": "OnLost",
     "httpx.AsyncClient": "httpx.Client",
     "httpx.AsyncBaseTransport": "httpx.BaseTransport",
-    "httpx.AsyncHTTPTransport": "httpx.HTTPTransport",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "aclose": "close",
-    "asyncio.sleep": "time.sleep",
-    "async_wait_until": "wait_until",
+    "asyncio.sleep": "time.sleep",  # so the async source imports time as well
 }
 # `async def` -> `def`, `async with` -> `with`, `async for` -> `for`, `await x` -> `x`.
 KEYWORDS = re.compile(r"\basync\s+(?=def\b|with\b|for\b)|\bawait\s+")

@@ -97,11 +97,7 @@ class AsyncFenceClient:
         return f"AsyncFenceClient({str(self._http.base_url)!r})"
 
     async def close(self) -> None:
-        # unasync: async
         await self._http.aclose()
-        # unasync: sync
-        # self._http.close()
-        # unasync: end
 
     async def __aenter__(self) -> AsyncFenceClient:
         return self
