@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image
+.PHONY: run test lint unasync docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -24,6 +24,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) -m devtools.unasync_client --check
+
+# The sync worker client (and its tests) written from the async one
+# (devtools/unasync_client.py): edit client/fenceproxy_client/_async.py, then run this.
+# `make lint` fails while a generated file differs from what this writes.
+unasync: $(STAMP)
+	$(PY) -m devtools.unasync_client
 
 # The generated reference pages of the docs site (devtools/docs_reference.py): the
 # configuration keys and environment variables, the CLI, the OpenAPI operations and the

@@ -1,10 +1,23 @@
-"""The asyncio client: `AsyncFenceClient` and its `AsyncLease`, renewed by a task."""
+# unasync: async
+"""The asyncio client: `AsyncFenceClient` and its `AsyncLease`, renewed by a task.
+
+The source of the synchronous client (`_sync.py`), which devtools/unasync_client.py
+writes from this file: edit here and run `make unasync`. `# unasync:` markers bracket
+what differs beyond the token table: `async` lines are left out of the sync client,
+and the commented lines of a `sync` block go in in their place."""
+# unasync: sync
+# """The synchronous client: `FenceClient` and its `Lease`, renewed by a background thread."""
+# unasync: end
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
+
+# unasync: sync
+# import threading
+# unasync: end
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
@@ -35,12 +48,22 @@ from fenceproxy_client._common import (
     tls_settings,
 )
 
+# unasync: async
 # Called once when the lease is known lost; it may be a coroutine function.
 AsyncOnLost = Callable[[], Awaitable[object] | object]
+# unasync: sync
+# # Called once when the lease is known lost, from the renewer's thread or the caller's.
+# OnLost = Callable[[], object]
+# unasync: end
 
 
 class AsyncFenceClient:
+    # unasync: async
     """`FenceClient` for asyncio: the same methods, awaited; an async context manager."""
+
+    # unasync: sync
+    # """A connection to one fenceproxy; thread-safe, and a context manager (closes)."""
+    # unasync: end
 
     def __init__(
         self,
@@ -97,12 +120,21 @@ class AsyncFenceClient:
         renew: bool = False,
         progress_timeout_s: float | None = None,
         on_lost: AsyncOnLost | None = None,
+        # unasync: async
         cancel_on_lost: bool = False,
+        # unasync: end
     ) -> AsyncLeaseScope:
+        # unasync: async
         """An async context manager: acquires on entry, releases (and stops renewing)
         on exit. With `cancel_on_lost`, the block is a cancel scope: once the lease is
         known lost (seen by the renewer, or its ttl ran out), the task running the block
         is cancelled, and the `async with` raises `errors.LeaseLost` in its place."""
+        # unasync: sync
+        # """A context manager: acquires on entry, releases (and stops renewing) on exit.
+        #
+        # No `cancel_on_lost` here: a thread cannot be cancelled from outside. Call
+        # `lease.check()` between steps (it raises `errors.LeaseLost`), or pass `on_lost`."""
+        # unasync: end
         return AsyncLeaseScope(
             lambda: self.acquire(
                 resource,
@@ -113,7 +145,9 @@ class AsyncFenceClient:
                 progress_timeout_s=progress_timeout_s,
                 on_lost=on_lost,
             ),
+            # unasync: async
             cancel_on_lost,
+            # unasync: end
         )
 
     async def acquire(
@@ -127,7 +161,9 @@ class AsyncFenceClient:
         progress_timeout_s: float | None = None,
         on_lost: AsyncOnLost | None = None,
     ) -> AsyncLease:
-        """See `FenceClient.acquire`."""
+        """Acquire a lease; with `wait_s > 0`, wait out `lease_held`, `resource_blocked`
+        (and `rate_limited`) refusals for up to that long, honouring `Retry-After`, then
+        raise the last refusal. `ttl_s=None` is the proxy's default ttl."""
         body: dict[str, Any] = {"resource": resource, "holder": holder}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
@@ -154,11 +190,13 @@ class AsyncFenceClient:
             )
 
     async def effect(self, effect_id: str) -> EffectStatus:
-        """See `FenceClient.effect`."""
+        """The effect as the proxy has it now, read with the admin token, else the client
+        key (whose client needs the `read` right on the effect's resource)."""
         return await self._effect(effect_id, reader_headers(self._admin_token, self._api_key))
 
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
-        """See `FenceClient.wait_settled`."""
+        """Poll the effect (with the admin token) until reconciliation settles it:
+        COMMITTED or NOT_COMMITTED. TimeoutError if it is still in doubt at `timeout_s`."""
         return await self._wait_settled(
             effect_id, timeout_s, reader_headers(self._admin_token, self._api_key)
         )
@@ -206,16 +244,26 @@ class AsyncLeaseScope:
     way out."""
 
     def __init__(
-        self, acquire: Callable[[], Awaitable[AsyncLease]], cancel_on_lost: bool = False
+        self,
+        # unasync: async
+        acquire: Callable[[], Awaitable[AsyncLease]],
+        cancel_on_lost: bool = False,
+        # unasync: sync
+        # acquire: Callable[[], Lease],
+        # unasync: end
     ) -> None:
         self._acquire = acquire
+        # unasync: async
         self._cancel_on_lost = cancel_on_lost
+        # unasync: end
         self._lease: AsyncLease | None = None
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._acquire()
+        # unasync: async
         if self._cancel_on_lost:
             self._lease._cancel_when_lost(asyncio.current_task())
+        # unasync: end
         return self._lease
 
     async def __aexit__(
@@ -225,16 +273,26 @@ class AsyncLeaseScope:
         traceback: TracebackType | None,
     ) -> None:
         assert self._lease is not None
+        # unasync: async
         # As asyncio.timeout does: the cancellation this scope asked for ends here, as
         # LeaseLost; any other (the caller's own) goes on.
         cancelled_here = self._lease._stop_cancelling()
+        # unasync: end
         await self._lease.__aexit__(exc_type, exc, traceback)
+        # unasync: async
         if cancelled_here and exc_type is asyncio.CancelledError:
             raise self._lease._lost_error() from exc
+        # unasync: end
 
 
 class AsyncLease:
+    # unasync: async
     """`Lease` for asyncio; renewed by a task of the loop it was acquired on."""
+
+    # unasync: sync
+    # """A lease held through a `FenceClient`. `token` is the bearer secret: it is sent in
+    # `Fence-Token` and never shown by `repr` or in a log line."""
+    # unasync: end
 
     def __init__(
         self,
@@ -250,6 +308,7 @@ class AsyncLease:
         self.token = token
         self._state = LeaseState(grant, ttl_s, renew, progress_timeout_s, time.monotonic())
         self._on_lost = on_lost
+        # unasync: async
         self._stop = asyncio.Event()
         # The task running a `cancel_on_lost` block, and whether it was cancelled.
         self._cancel_target: asyncio.Task[Any] | None = None
@@ -259,6 +318,15 @@ class AsyncLease:
             self._renewer = asyncio.get_running_loop().create_task(
                 self._watch(), name=f"fence-renew-{grant.resource}"
             )
+        # unasync: sync
+        # self._stop = threading.Event()
+        # self._renewer: threading.Thread | None = None
+        # if renew or on_lost is not None:
+        #     self._renewer = threading.Thread(
+        #         target=self._watch, name=f"fence-renew-{grant.resource}", daemon=True
+        #     )
+        #     self._renewer.start()
+        # unasync: end
 
     @property
     def resource(self) -> str:
@@ -279,7 +347,8 @@ class AsyncLease:
 
     @property
     def lost(self) -> bool:
-        """See `Lease.lost`."""
+        """True once the client knows the lease is gone: a renewal or a request was
+        refused as stale or expired, or the lease's ttl ran out without a renewal."""
         return self._state.is_lost(time.monotonic())
 
     def __repr__(self) -> str:
@@ -294,7 +363,8 @@ class AsyncLease:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """See `Lease.__exit__`."""
+        """Release; a lease already gone, or a proxy that cannot be reached, is logged,
+        not raised: the lease ends at its expiry anyway."""
         try:
             await self.release()
         except errors.FenceError as refused:
@@ -319,7 +389,17 @@ class AsyncLease:
         content: bytes | str | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
-        """See `Lease.request`."""
+        """Send a request through the proxy with this lease's token.
+
+        Raises the proxy's refusal as its `FenceError`, an upstream's non-2xx answer as
+        `UpstreamError` (returned instead with `raise_for_status=False`). It is sent even
+        when the lease looks lost here: the proxy decides, not this process's clock.
+
+        Lease sizing: before the request, the lease is renewed when less is left on it
+        than the proxy said this method and path need (`needed_s` of an earlier
+        `lease_too_short`); on `lease_too_short` it is renewed and the request sent
+        once more (nothing reached the upstream). Nothing else is ever sent twice.
+        """
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:
             extra["timeout"] = timeout_s
@@ -356,15 +436,24 @@ class AsyncLease:
             raise
 
     def check(self) -> None:
-        """See `Lease.check`."""
+        # unasync: async
+        """Raise `errors.LeaseLost` if the lease is known to be gone (see `lost`): call
+        it between steps of work that must not go on without the lease, or let
+        `lease(..., cancel_on_lost=True)` cancel the block."""
+        # unasync: sync
+        # """Raise `errors.LeaseLost` if the lease is known to be gone (see `lost`): call
+        # it between steps of work that must not go on without the lease. The sync
+        # counterpart of client-go's OnStoppedLeading (a thread cannot be cancelled)."""
+        # unasync: end
         self._state.check(time.monotonic())
 
     def progress(self) -> None:
-        """See `Lease.progress`."""
+        """Say the work is still moving; with `progress_timeout_s`, renewal stops when
+        this has not been called for that long."""
         self._state.progress(time.monotonic())
 
     async def renew(self, ttl_s: float | None = None) -> None:
-        """See `Lease.renew`."""
+        """Extend the lease by `ttl_s` (None: the ttl it was acquired with)."""
         try:
             grant = await self._client._renew(self.token, ttl_s or self._state.ttl_s)
         except errors.FenceError as refused:
@@ -378,22 +467,31 @@ class AsyncLease:
         self._state.release()
         self._stop.set()
         renewer = self._renewer
+        # unasync: async
         if renewer is not None and renewer is not asyncio.current_task():
             await renewer
+        # unasync: sync
+        # if renewer is not None and renewer is not threading.current_thread():
+        #     renewer.join()
+        # unasync: end
         await self._client._release(self.token)
 
     async def effect(self, effect_id: str) -> EffectStatus:
-        """See `Lease.effect`."""
+        """The effect as the proxy has it now, read with this lease's token (an effect on
+        this lease's resource; also after the lease ended)."""
         return await self._client._effect(effect_id, {"Fence-Token": self.token})
 
     async def wait_settled(self, effect_id: str, timeout_s: float) -> str:
-        """See `Lease.wait_settled`."""
+        """Poll an effect on this lease's resource (read with this lease's token) until
+        reconciliation settles it: COMMITTED or NOT_COMMITTED. TimeoutError after
+        `timeout_s`. Works after the lease ended, while the proxy keeps its record."""
         return await self._client._wait_settled(effect_id, timeout_s, {"Fence-Token": self.token})
 
     async def _lose(self, why: str) -> None:
         if self._state.lose(why):
             await self._call_on_lost()
 
+    # unasync: async
     def _cancel_when_lost(self, task: asyncio.Task[Any] | None) -> None:
         self._cancel_target = task
         if self._renewer is None:  # not renewed: watched only to tell when it expires
@@ -417,24 +515,32 @@ class AsyncLease:
             return lost
         return errors.LeaseLost(self.resource, self.epoch, "lost")
 
+    # unasync: end
     async def _call_on_lost(self) -> None:
+        # unasync: async
         # The block's own task learns it from the refusal it is raising; cancelling it
         # as well would leave a stray cancellation on it.
         target = self._cancel_target
         if target is not None and target is not asyncio.current_task() and not target.done():
             self._cancelled_target = True
             target.cancel(f"the lease on {self.resource} is lost")
+        # unasync: end
         if self._on_lost is None:
             return
         try:
+            # unasync: async
             result = self._on_lost()
             if inspect.isawaitable(result):
                 await result
+            # unasync: sync
+            # self._on_lost()
+            # unasync: end
         except Exception:
             logger.exception("on_lost of the lease on %s failed", self.resource)
 
     async def _watch(self) -> None:
-        """See `Lease._watch`."""
+        """The renewer: renews at a third of the ttl while renewing, and tells on_lost
+        when the lease is gone."""
         while True:
             step, wait_s = self._state.next_step(time.monotonic())
             if step is Step.DONE:
@@ -443,10 +549,15 @@ class AsyncLease:
                 await self._call_on_lost()
                 return
             if step is Step.WAIT:
+                # unasync: async
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), wait_s)
                 if self._stop.is_set():
                     return
+                # unasync: sync
+                # if self._stop.wait(wait_s):
+                #     return
+                # unasync: end
                 continue
             try:
                 await self.renew()

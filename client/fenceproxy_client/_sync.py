@@ -1,3 +1,6 @@
+# GENERATED from client/fenceproxy_client/_async.py by devtools/unasync_client.py: do not edit.
+# Change the async source and run `make unasync`; `make lint` fails while this
+# file differs from what the generator writes.
 """The synchronous client: `FenceClient` and its `Lease`, renewed by a background thread."""
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from fenceproxy_client._common import (
     tls_settings,
 )
 
+# Called once when the lease is known lost, from the renewer's thread or the caller's.
 OnLost = Callable[[], object]
 
 
@@ -95,7 +99,10 @@ class FenceClient:
         progress_timeout_s: float | None = None,
         on_lost: OnLost | None = None,
     ) -> LeaseScope:
-        """A context manager: acquires on entry, releases (and stops renewing) on exit."""
+        """A context manager: acquires on entry, releases (and stops renewing) on exit.
+
+        No `cancel_on_lost` here: a thread cannot be cancelled from outside. Call
+        `lease.check()` between steps (it raises `errors.LeaseLost`), or pass `on_lost`."""
         return LeaseScope(
             lambda: self.acquire(
                 resource,
@@ -105,7 +112,7 @@ class FenceClient:
                 renew=renew,
                 progress_timeout_s=progress_timeout_s,
                 on_lost=on_lost,
-            )
+            ),
         )
 
     def acquire(
@@ -196,9 +203,13 @@ class FenceClient:
 
 
 class LeaseScope:
-    """What `FenceClient.lease` returns: `with` acquires, and releases on the way out."""
+    """What `FenceClient.lease` returns: `with` acquires, and releases on the
+    way out."""
 
-    def __init__(self, acquire: Callable[[], Lease]) -> None:
+    def __init__(
+        self,
+        acquire: Callable[[], Lease],
+    ) -> None:
         self._acquire = acquire
         self._lease: Lease | None = None
 
@@ -374,8 +385,9 @@ class Lease:
         """End the lease now and stop renewing it."""
         self._state.release()
         self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
         self._client._release(self.token)
 
     def effect(self, effect_id: str) -> EffectStatus:
