@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEADER_VALUE_BYTES = 60 * 1024
+SEND_BUFFER_BYTES = 16 * 1024
 
 
 def rss_kib(pid: int) -> int:
@@ -79,6 +80,11 @@ class HeaderFlood:
 
     def _open(self) -> _Attacker:
         sock = socket.create_connection(self._address, timeout=5)
+        # Little in the kernel's send buffer: what it holds flows on while this thread
+        # waits for a core, and once the proxy has dropped LINGER_BYTES after its 431 it
+        # closes, and the bytes still arriving reset the connection, discarding the 431
+        # before this thread reads it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         sock.setblocking(False)
         line = f"GET /orders/flood-{len(self._attackers)} HTTP/1.1\r\nHost: proxy\r\n".encode()
         attacker = _Attacker(sock, line, self._headers)
