@@ -262,6 +262,8 @@ def cli_page() -> str:
         "FILE or set FENCEPROXY_CONFIG`). Every command but `serve` works on the store "
         "directly (so it works while the proxy is down), prints a table or `--json` where "
         "it has one, and exits non-zero with a one-line reason on failure. "
+        "A reader that goes away (`| head`, `| grep -q`) ends any command quietly with "
+        "exit status 141, as a shell reports a process killed by SIGPIPE. "
         "`fenceproxy --version` prints the version. With `make run`, "
         "`export FENCEPROXY_CONFIG=state/fenceproxy.yaml`.\n"
     ]
