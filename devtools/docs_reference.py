@@ -49,7 +49,7 @@ SHIPPED = ("policies", "core", "store", "proxy", "reconcile")
 # --- the policy file's keys, as the loader knows them ---------------------------------------
 
 _PROBE = "zz_probe_key"
-_UNKNOWN = re.compile(r"unknown key \(allowed: (.*)\)\Z")
+_UNKNOWN = re.compile(r"unknown key\b.*\(allowed: (.*)\)\Z")
 Path_ = tuple[str | int, ...]
 
 
@@ -215,7 +215,12 @@ def configuration_page() -> str:
         f"{GENERATED}\n# Configuration\n\n"
         "One YAML file, the *policy*: `fenceproxy serve --config FILE` (or "
         "`FENCEPROXY_CONFIG`). `fenceproxy check-config FILE` prints every problem at once, "
-        "each as `file:line: key.path: message`; an unknown key is one of them. How routes "
+        "each as `file:line: key.path: message`; an unknown key is one of them, naming the "
+        "nearest valid key when one is close (`unknown key: did you mean 'timeout_s'?`). A "
+        "value of the wrong type is one problem: no rule then reports the default that "
+        "stands in for it. YAML the parser cannot read is `file:line: <file>: not valid YAML "
+        "at column N:` and what the file needed there (a closing bracket or quote, one "
+        "indentation per mapping, quotes around a value holding `: `). How routes "
         "turn paths into resources: [routes](routes.md).\n\n"
         "## The example (`config/example.yaml`)\n\n"
         f"```yaml\n{example}\n```\n\n"
