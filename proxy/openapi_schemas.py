@@ -66,6 +66,11 @@ def lease_advice_schema() -> dict[str, Any]:
                 },
             },
             "ttls_in_use_s": {"type": ["object", "null"]},
+            "ended": {
+                "type": "object",
+                "required": ["total"],
+                "additionalProperties": {"type": "integer", "minimum": 0},
+            },
             "warnings": {"type": "array", "items": {"type": "string"}},
         },
     }
@@ -82,9 +87,10 @@ def lease_advice_schema() -> dict[str, Any]:
     }
     return {
         "type": "object",
-        "required": ["groups", "routes"],
+        "required": ["groups", "leases_ended", "routes"],
         "properties": {
             "groups": {"type": "array", "items": group},
+            "leases_ended": {"type": "integer", "minimum": 0},
             "routes": {"type": "array", "items": route},
             "problems": {"type": "array", "items": {"type": "string"}},
         },

@@ -316,7 +316,13 @@
   function renderAdvice(advice) {
     const groups = advice.groups.filter((g) => g.turns > 0 || g.false_expiry_curve.length);
     if (!groups.length) {
-      fill("advice", el("p", { class: "muted" }, "No lease-sizing data yet: no lease ended since records began."));
+      // The server counts ended leases as the Leases panel lists them (leases_ended):
+      // "no lease ended" only when none did, else why none of them measured a turn.
+      const ended = advice.leases_ended;
+      const why = ended
+        ? `${ended} lease(s) ended, none released by its holder: a turn (grant to release) is measured only from a release.`
+        : "no lease ended since records began.";
+      fill("advice", el("p", { class: "muted", id: "advice-empty" }, `No lease-sizing data yet: ${why}`));
       return;
     }
     fill(
