@@ -317,7 +317,7 @@ def component_schemas() -> dict[str, Any]:
                 "in_doubt": {
                     "type": "array",
                     "description": f"effect receipts ({_named(BLOCKING, ', ')}), each with "
-                    "`age_s` and its `last_event`",
+                    "`age_s`, its `last_event` and `has_probe` (whether its route has a probe)",
                     "items": ref("Effect"),
                 },
             },

@@ -209,17 +209,15 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     assert "no probe attempts left" not in page.text(events)
     page.shot("effect-history")
 
-    # Probe now: confirmed naming the resource and the effect, the answer shown in place.
-    # This route has no probe, so the proxy refuses (no_probe) and records nothing.
-    form = page.act(effect_id, "probe", "alice", "paged at 3am")
-    form.find_element(By.CSS_SELECTOR, "button.review").click()
-    confirmation = form.find_element(By.CSS_SELECTOR, ".confirmation").text
-    assert effect_id in confirmation and "supplier:widget" in confirmation
-    events_before = stack.effect(effect_id)["events"]
-    form.find_element(By.CSS_SELECTOR, "button.confirm").click()
-    page.until(lambda d: "Refused" in page.text("#outstanding .result"))
-    assert "no reconcile block" in page.text("#outstanding .result")
-    assert stack.effect(effect_id)["events"] == events_before
+    # This route has no probe: no "Probe now" (it could only answer no_probe), and the
+    # card says so once, with no probe schedule and no no_probe conclusion.
+    card = _card(page, effect_id)
+    assert card.find_elements(By.CSS_SELECTOR, "button.probe") == []
+    assert page.find("#effect-detail").find_elements(By.CSS_SELECTOR, "button.probe") == []
+    probes = card.find_element(By.CSS_SELECTOR, ".probes").text
+    assert probes.startswith("Route place-order has no probe: an operator must resolve")
+    assert "none scheduled" not in probes and "no_probe" not in probes, probes
+    assert probes.count("no probe") == 1, probes
 
     # Resolve: the upstream did commit the order it never answered for.
     form = page.act(effect_id, "resolve", "alice", "the order is in the ERP")
