@@ -11,6 +11,7 @@ tests/unit/test_leasing_advice.py; nothing performs I/O or reads a clock.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
@@ -175,6 +176,13 @@ class GroupAdvice:
     came_back: int
     ttls_in_use: tuple[float, ...]  # sorted ascending
     warnings: tuple[str, ...]
+    # Its leases that are no longer live, by how they ended (LeaseLife.ending): what the
+    # status page's Leases panel lists too, so the two agree on whether any ended.
+    ended: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def ended_total(self) -> int:
+        return sum(count for _, count in self.ended)
 
     def false_expiries_at(self, lease_s: float) -> int:
         """How many measured turns a lease of `lease_s` would have cut short."""
@@ -219,6 +227,7 @@ class GroupAdvice:
                 "never_came_back": self.expired - self.came_back,
             },
             "ttls_in_use_s": ttls,
+            "ended": {"total": self.ended_total, **dict(self.ended)},
             "warnings": list(self.warnings),
         }
 
@@ -268,6 +277,10 @@ class Advice:
     def as_json(self) -> dict[str, Any]:
         return {
             "groups": [group.as_json() for group in self.groups],
+            # Leases no longer live, in every group: zero is the one case where "no
+            # lease ended" is true. Ended leases with no measured turn (expired,
+            # revoked, superseded: only a release measures one) are not zero.
+            "leases_ended": sum(group.ended_total for group in self.groups),
             "routes": [route.as_json() for route in self.routes],
             "problems": list(self.problems),
         }
@@ -352,6 +365,7 @@ def _group_advice(
     came_back = sum(1 for life in expired if life.came_back_at is not None)
     ttls = tuple(sorted(life.granted_ttl_s for life in lives if life.granted_ttl_s is not None))
     warnings = _warnings(stats, turns, routes, request, suggested, floor, ttls, came_back)
+    endings = Counter(ending for life in lives if (ending := life.ending(now)) is not None)
     return GroupAdvice(
         resource=name,
         stats=stats,
@@ -364,6 +378,7 @@ def _group_advice(
         came_back=came_back,
         ttls_in_use=ttls,
         warnings=tuple(warnings),
+        ended=tuple(sorted(endings.items())),
     )
 
 

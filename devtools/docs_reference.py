@@ -50,7 +50,7 @@ SHIPPED = ("policies", "core", "store", "proxy", "reconcile")
 # --- the policy file's keys, as the loader knows them ---------------------------------------
 
 _PROBE = "zz_probe_key"
-_UNKNOWN = re.compile(r"unknown key \(allowed: (.*)\)\Z")
+_UNKNOWN = re.compile(r"unknown key\b.*\(allowed: (.*)\)\Z")
 Path_ = tuple[str | int, ...]
 
 
@@ -216,7 +216,12 @@ def configuration_page() -> str:
         f"{GENERATED}\n# Configuration\n\n"
         "One YAML file, the *policy*: `fenceproxy serve --config FILE` (or "
         "`FENCEPROXY_CONFIG`). `fenceproxy check-config FILE` prints every problem at once, "
-        "each as `file:line: key.path: message`; an unknown key is one of them. How routes "
+        "each as `file:line: key.path: message`; an unknown key is one of them, naming the "
+        "nearest valid key when one is close (`unknown key: did you mean 'timeout_s'?`). A "
+        "value of the wrong type is one problem: no rule then reports the default that "
+        "stands in for it. YAML the parser cannot read is `file:line: <file>: not valid YAML "
+        "at column N:` and what the file needed there (a closing bracket or quote, one "
+        "indentation per mapping, quotes around a value holding `: `). How routes "
         "turn paths into resources: [routes](routes.md).\n\n"
         "A running proxy reads the file again on `fenceproxy reload` or SIGHUP; a change to "
         f"{', '.join(f'`{key}`' for key in RESTART_KEYS)} needs a restart, and such a reload "
@@ -269,6 +274,8 @@ def cli_page() -> str:
         "replica, through its admin API, to read its policy file again. Each prints a "
         "table or `--json` where it has one, and exits non-zero with a one-line reason on "
         "failure. "
+        "A reader that goes away (`| head`, `| grep -q`) ends any command quietly with "
+        "exit status 141, as a shell reports a process killed by SIGPIPE. "
         "`fenceproxy --version` prints the version. With `make run`, "
         "`export FENCEPROXY_CONFIG=state/fenceproxy.yaml`.\n"
     ]

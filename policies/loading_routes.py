@@ -200,7 +200,7 @@ def _parse_reconcile(node: Node, problems: Problems, route: _RouteDraft) -> Reco
                         )
                 if not path_raw.startswith("/"):
                     problems.add(spec.children["path"], "the probe path must start with '/'")
-                if "idempotency_key" in template.names and not route.idempotency_required:
+                if "idempotency_key" in template.names and route.idempotency_required is False:
                     problems.add(
                         spec.children["path"],
                         "{idempotency_key} needs idempotency.required: true on the route",
@@ -230,7 +230,8 @@ def _parse_reconcile(node: Node, problems: Problems, route: _RouteDraft) -> Reco
 @dataclass
 class _RouteDraft:
     params: tuple[str, ...]
-    idempotency_required: bool
+    # None when the route's idempotency block failed its own checks: unknown, not false.
+    idempotency_required: bool | None
     upstream: Upstream | None
 
 
@@ -310,14 +311,18 @@ def _parse_route(
                     f"{resource_raw!r} cannot render a valid resource name "
                     "(1-256 of A-Z a-z 0-9 . _ : @ / + = -)",
                 )
-    elif fenced:
+    elif fenced and not problems.about(f"{node.key}.fence"):
         problems.add(node, "a fenced route (fence: required) needs a 'resource' template")
     forward = spec.flag("forward_fence_headers", False)
     max_body = spec.number("max_body_bytes", default=1_048_576, minimum=0, integer=True)
     max_in_flight = spec.number("max_in_flight", default=1, minimum=1, integer=True)
     idempotency = _parse_idempotency(spec, problems)
     upstream_idempotent = spec.flag("upstream_idempotent", False)
-    if upstream_idempotent and not idempotency.required:
+    if (
+        upstream_idempotent
+        and not idempotency.required
+        and not problems.about(f"{node.key}.idempotency")
+    ):
         problems.add(
             spec.children["upstream_idempotent"],
             "upstream_idempotent needs idempotency.required: true (a resend is matched by key)",
@@ -333,7 +338,8 @@ def _parse_route(
     if reconcile_node is not None:
         if not fenced:
             problems.add(reconcile_node, "reconcile only applies to fenced routes")
-        draft = _RouteDraft(path.params if path else (), idempotency.required, upstream)
+        required = None if problems.about(f"{node.key}.idempotency") else idempotency.required
+        draft = _RouteDraft(path.params if path else (), required, upstream)
         reconcile = _parse_reconcile(reconcile_node, problems, draft)
     if len(problems.items) > before:
         return None

@@ -6,6 +6,7 @@ the line and key at fault, so the policy parser walks the composed node tree.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ class Problems:
 
     def __bool__(self) -> bool:
         return bool(self.items)
+
+    def about(self, key: str) -> bool:
+        """Whether a problem was reported at `key` or under it. A value that failed its
+        type check stands in as its default (`flag`, `choice`); a rule that reads it must
+        not then report the default's consequences as a second error."""
+        return any(p.key == key or p.key.startswith((f"{key}.", f"{key}[")) for p in self.items)
 
 
 class ConfigError(Exception):
@@ -99,12 +106,69 @@ class Node:
             yield Node(item, f"{self.key}[{index}]")
 
 
+def unknown_key(name: str, allowed: set[str]) -> str:
+    """A typo names the key it was meant to be; anything else lists what is allowed."""
+    listed = f"allowed: {', '.join(sorted(allowed))}"
+    near = difflib.get_close_matches(name, sorted(allowed), n=1)
+    if near:
+        return f"unknown key: did you mean {near[0]!r}? ({listed})"
+    return f"unknown key ({listed})"
+
+
+# PyYAML's parser and scanner problems, said as what the file needed at that point. The
+# first fragment found in the problem picks the words; an unknown problem keeps PyYAML's.
+_YAML_PROBLEMS = (
+    (
+        "mapping values are not allowed",
+        "a ':' where no key can start: quote a value that "
+        "holds ': ', or indent the key under its parent",
+    ),
+    (
+        "expected <block end>",
+        "this line is indented differently from the keys beside it: "
+        "keys of one mapping start in one column, list items with '-' in one column",
+    ),
+    ("could not find expected ':'", "expected 'key: value' (a key and ':' then its value)"),
+    (
+        "cannot start any token",
+        "a tab or a reserved character starts this value: indent "
+        "with spaces, and quote a value that starts with @ or `",
+    ),
+    (
+        "expected ',' or ']'",
+        "a [ ] list is not closed: separate items with ',' and end it with ']'",
+    ),
+    (
+        "expected ',' or '}'",
+        "a { } mapping is not closed: separate entries with ',' and end it with '}'",
+    ),
+    (
+        "found unexpected end of stream",
+        "the file ends inside a quoted string: a closing quote is missing",
+    ),
+    ("expected the node content", "expected a value here"),
+    ("found duplicate anchor", "an anchor (&name) is defined twice"),
+    ("found undefined alias", "an alias (*name) names no anchor defined above it"),
+)
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    raw = str(exc.problem or exc.context or "cannot be read")
+    for fragment, words in _YAML_PROBLEMS:
+        if fragment in raw:
+            return words
+    return raw
+
+
 def compose(text: str, filename: str) -> Node:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
-        problem = Problem(line, "<file>", f"not valid YAML: {exc.problem}")
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = Problem(
+            line, "<file>", f"not valid YAML at column {column}: {_yaml_problem(exc)}"
+        )
         raise ConfigError(filename, [problem]) from None
     except yaml.YAMLError as exc:
         raise ConfigError(filename, [Problem(1, "<file>", f"not valid YAML: {exc}")]) from None
@@ -127,7 +191,7 @@ class Mapping:
             if name in self.children:
                 problems.add(child, "key appears twice")
             elif name not in allowed:
-                problems.add(child, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                problems.add(child, unknown_key(name, allowed))
             self.children[name] = child
 
     @property

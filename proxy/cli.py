@@ -21,8 +21,27 @@ from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefuse
 from proxy.terminal import printable
 from store import StoreError
 
+# The exit status a shell gives a process killed by SIGPIPE (128 + 13).
+BROKEN_PIPE_EXIT = 141
+
 
 def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        try:
+            _main(argv)
+        finally:
+            # Flushed here, not at interpreter exit, where a closed pipe is only
+            # reported as an ignored exception on stderr.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`, `| grep -q`): nothing is left to say, and a
+        # traceback would only alarm. Later writes at exit go to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(BROKEN_PIPE_EXIT)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):

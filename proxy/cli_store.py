@@ -156,7 +156,8 @@ def effects_show(args: argparse.Namespace) -> int:
 
 
 def reconcile_list(args: argparse.Namespace) -> int:
-    report = with_store(args, reconciliation.in_doubt)
+    policy = policy_of(args)
+    report = with_store(args, lambda store: reconciliation.in_doubt(store, policy))
     if args.json:
         emit(args, report.as_json(), [], [])
         return 0

@@ -375,7 +375,8 @@ def _operator(client: AuthClient, named: object) -> object:
 async def list_in_doubt(request: web.Request) -> web.Response:
     """What `fenceproxy reconcile list --json` prints: blocked resources, effects in doubt."""
     client = auth.require(request, Right.READ)
-    report = await reconciliation.in_doubt(runtime_of(request).store)
+    runtime = runtime_of(request)
+    report = await reconciliation.in_doubt(runtime.store, runtime.policy)
     if not client.covers(None):
         report = reconciliation.InDoubt(
             tuple(auth.in_scope(client, report.blocked_resources, lambda resource: resource)),

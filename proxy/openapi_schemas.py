@@ -66,6 +66,11 @@ def lease_advice_schema() -> dict[str, Any]:
                 },
             },
             "ttls_in_use_s": {"type": ["object", "null"]},
+            "ended": {
+                "type": "object",
+                "required": ["total"],
+                "additionalProperties": {"type": "integer", "minimum": 0},
+            },
             "warnings": {"type": "array", "items": {"type": "string"}},
         },
     }
@@ -82,9 +87,10 @@ def lease_advice_schema() -> dict[str, Any]:
     }
     return {
         "type": "object",
-        "required": ["groups", "routes"],
+        "required": ["groups", "leases_ended", "routes"],
         "properties": {
             "groups": {"type": "array", "items": group},
+            "leases_ended": {"type": "integer", "minimum": 0},
             "routes": {"type": "array", "items": route},
             "problems": {"type": "array", "items": {"type": "string"}},
         },
@@ -316,7 +322,7 @@ def component_schemas() -> dict[str, Any]:
                 "in_doubt": {
                     "type": "array",
                     "description": f"effect receipts ({_named(BLOCKING, ', ')}), each with "
-                    "`age_s` and its `last_event`",
+                    "`age_s`, its `last_event` and `has_probe` (whether its route has a probe)",
                     "items": ref("Effect"),
                 },
             },

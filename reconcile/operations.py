@@ -46,12 +46,16 @@ class InDoubtEffect:
     effect: EffectRecord
     age_s: float
     last_event: EffectEvent | None
+    # Whether its route has a probe (a reconcile block) in the answering proxy's
+    # policy: without one only an operator settles it, and "Probe now" cannot help.
+    has_probe: bool
 
     def as_json(self) -> dict[str, Any]:
         return {
             **self.effect.as_json(),
             "age_s": round(self.age_s, 3),
             "last_event": self.last_event.as_json() if self.last_event else None,
+            "has_probe": self.has_probe,
         }
 
 
@@ -75,7 +79,12 @@ async def unsettled(store: Store, limit: int) -> list[EffectRecord]:
     return await store.in_doubt(limit)
 
 
-async def in_doubt(store: Store) -> InDoubt:
+def _has_probe(policy: Policy, route_name: str) -> bool:
+    route = policy.route_named(route_name)
+    return route is not None and route.reconcile is not None
+
+
+async def in_doubt(store: Store, policy: Policy) -> InDoubt:
     await sweep(store)
     found: list[tuple[EffectRecord, EffectEvent | None]] = []
     for listed in await store.in_doubt():
@@ -90,7 +99,10 @@ async def in_doubt(store: Store) -> InDoubt:
         blocked_resources=tuple(
             sorted({e.resource for e, _ in found if e.state in AWAITING_RECONCILIATION})
         ),
-        effects=tuple(InDoubtEffect(e, now - e.created_at, last) for e, last in found),
+        effects=tuple(
+            InDoubtEffect(e, now - e.created_at, last, _has_probe(policy, e.route))
+            for e, last in found
+        ),
     )
 
 

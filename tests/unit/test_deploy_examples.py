@@ -1,7 +1,8 @@
 """The deployment examples (examples/deploy, docs/how-to/deployment.md) say only what is true:
 their policies load, their probes ask the proxy's health endpoints, every
 FENCEPROXY_* variable they set is one the proxy reads, and the alert rules name
-metrics the proxy exports and pass `promtool check rules`."""
+metrics the proxy exports and pass `promtool check rules`, and the systemd unit installed as
+the guide installs it passes `systemd-analyze verify`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ DEPLOY = ROOT / "examples" / "deploy"
 KUBERNETES = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
 SYSTEMD = DEPLOY / "systemd" / "fenceproxy.service"
+SYSTEMD_POLICY = DEPLOY / "systemd" / "fenceproxy.yaml"
 GUIDE = ROOT / "docs" / "how-to" / "deployment.md"
 # Read by the proxy outside the policy (proxy/app.py, proxy/identity.py).
 PROCESS_VARIABLES = {"FENCEPROXY_INSTANCE_ID", STATE_DIR_ENV, "FENCEPROXY_LOG_LEVEL"}
@@ -109,6 +111,78 @@ def test_the_systemd_unit_serves_with_variables_the_proxy_reads() -> None:
     state_dir = re.search(rf"^Environment={STATE_DIR_ENV}=(\S+)", unit, re.MULTILINE)
     assert state_dir is not None
     assert f"ReadWritePaths={state_dir.group(1)}" in unit
+
+
+def systemd_install_steps() -> str:
+    """The guide's plain-host install, the shell block after its marker comment."""
+    guide = GUIDE.read_text(encoding="utf-8")
+    found = re.search(r"<!-- systemd-install:[^>]*-->\s*```sh\n(.*?)```", guide, re.DOTALL)
+    assert found is not None, "the guide's systemd install steps are missing"
+    # One command a line: continuation lines joined.
+    return found.group(1).replace("\\\n", " ")
+
+
+def installed_at(steps: str, source: Path) -> str:
+    found = re.search(rf"^install -m \d+ {source.relative_to(ROOT)} (\S+)$", steps, re.MULTILINE)
+    assert found is not None, f"the guide does not install {source.relative_to(ROOT)}"
+    return found.group(1)
+
+
+def unit_setting(unit: str, key: str) -> str:
+    found = re.search(rf"^{key}=(.+)$", unit, re.MULTILINE)
+    assert found is not None, key
+    return found.group(1).strip()
+
+
+def test_the_systemd_guide_installs_what_the_unit_runs() -> None:
+    steps = systemd_install_steps()
+    unit = SYSTEMD.read_text(encoding="utf-8")
+    user = re.search(r"^useradd .* (\S+)$", steps, re.MULTILINE)
+    assert user is not None and user.group(1) == unit_setting(unit, "User")
+    venv = re.search(r"^python3 -m venv (\S+)$", steps, re.MULTILINE)
+    assert venv is not None
+    command = unit_setting(unit, "ExecStart").split()
+    assert command[0] == f"{venv.group(1)}/bin/fenceproxy"
+    assert command[command.index("--config") + 1] == installed_at(steps, SYSTEMD_POLICY)
+    environment_file = unit_setting(unit, "EnvironmentFile")
+    assert f"install -m 0600 /dev/null {environment_file}" in steps
+    assert "systemctl daemon-reload" in steps
+    assert "systemctl enable --now fenceproxy" in steps
+    # The service writes only its StateDirectory: the store must be there.
+    state = f"/var/lib/{unit_setting(unit, 'StateDirectory')}"
+    store = parse_policy(SYSTEMD_POLICY.read_text(encoding="utf-8"), str(SYSTEMD_POLICY)).store
+    assert store.startswith(f"sqlite:///{state}/"), store
+
+
+def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    units = Path("/usr/lib/systemd/system")
+    if analyze is None or not units.is_dir():
+        missing("systemd-analyze not installed (Debian's systemd package; .ci/run installs it)")
+    steps = systemd_install_steps()
+    unit = SYSTEMD.read_text(encoding="utf-8")
+    # A root of its own: the unit and its ExecStart where the guide puts them, and the
+    # host's system units (the targets the unit orders itself after), without
+    # installing anything on this machine.
+    root = tmp_path / "root"
+    shutil.copytree(units, root / units.relative_to("/"), symlinks=True)
+    destination = root / installed_at(steps, SYSTEMD).lstrip("/")
+    destination.parent.mkdir(parents=True)
+    destination.write_text(unit, encoding="utf-8")
+    venv = re.search(r"^python3 -m venv (\S+)$", steps, re.MULTILINE)
+    assert venv is not None
+    executable = root / venv.group(1).lstrip("/") / "bin" / "fenceproxy"
+    executable.parent.mkdir(parents=True)
+    executable.write_text("#!/bin/sh\n", encoding="utf-8")
+    executable.chmod(0o755)
+    checked = subprocess.run(
+        [analyze, "verify", f"--root={root}", installed_at(steps, SYSTEMD)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert checked.returncode == 0 and not checked.stderr.strip(), checked.stderr
 
 
 def test_alert_rules_name_metrics_the_proxy_exports() -> None:

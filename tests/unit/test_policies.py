@@ -641,7 +641,7 @@ def test_invalid_yaml_syntax() -> None:
     text = edit("port: 8080}", "port: 8080")
     problems = problems_of(text)
     assert [(p.line, p.key) for p in problems] == [(3, "<file>")]
-    assert problems[0].message.startswith("not valid YAML:")
+    assert problems[0].message.startswith("not valid YAML at column ")
 
 
 def test_bad_indentation_is_invalid_yaml_at_its_line() -> None:
@@ -1198,7 +1198,7 @@ def test_a_key_retention_does_not_matter_when_effects_are_kept_forever() -> None
         ("{batch: -5}", "retention.batch", "must be at least 1, got -5"),
         ("{batch: 1.5}", "retention.batch", "expected an integer, got 1.5"),
         ("{batch: 20000}", "retention.batch", "must be at most 10000 (one pass is one"),
-        ("{keep_days: 3}", "retention.keep_days", "unknown key (allowed: batch, effects_days,"),
+        ("{keep_days: 3}", "retention.keep_days", "(allowed: batch, effects_days,"),
         ("{leases_days: -1}", "retention.leases_days", "must be at least 0, got -1"),
         ("{leases_days: .nan}", "retention.leases_days", "expected a finite number, got nan"),
         ("{leases_days: forever}", "retention.leases_days", "expected a number, got 'forever'"),
@@ -1342,7 +1342,7 @@ def test_unknown_key_in_limits() -> None:
         with_text("limits: {max_sockets: 10}"),
         13,
         "limits.max_sockets",
-        "unknown key (allowed: body_timeout_s, header_timeout_s, max_connections, max_requests, "
+        "(allowed: body_timeout_s, header_timeout_s, max_connections, max_requests, "
         "max_unverified_waits)",
     )
 
@@ -1376,3 +1376,61 @@ def test_a_null_lease_ttl_is_refused_naming_its_key_and_line(key: str, null: str
     text = edit(f"  {key}: ", f"  {key}: {null} #", text)
     line = 5 + ["min_ttl_s", "max_ttl_s", "default_ttl_s"].index(key)
     assert_single_problem(text, line, f"leases.{key}", "expected a number, got null")
+
+
+def test_a_mistyped_fence_is_one_problem_not_also_the_defaults() -> None:
+    # `fence: maybe` fails its check and stands in as `required`; the route's missing
+    # resource is then no second error about a fence the file never asked for.
+    text = edit('    resource: "supplier:{sku}"\n    fence: required\n', "    fence: maybe\n")
+    assert_single_problem(text, 11, "routes[0].fence", "expected one of required, none")
+
+
+def test_a_mistyped_idempotency_flag_is_one_problem_not_also_the_defaults() -> None:
+    text = with_route_keys("idempotency: {required: 7}", "upstream_idempotent: true")
+    assert_single_problem(text, 13, "routes[0].idempotency.required", "expected true or false")
+
+
+def test_a_mistyped_idempotency_flag_is_one_problem_under_a_probe_too() -> None:
+    text = with_route_keys(
+        "idempotency: {required: yes please}",
+        "reconcile:",
+        "  probe: {path: '/orders/{idempotency_key}'}",
+        "  committed: [200]",
+        "  not_committed: [404]",
+    )
+    assert_single_problem(text, 13, "routes[0].idempotency.required", "expected true or false")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        (edit("    upstream: supplier", "   upstream: supplier"), 9, "indented differently"),
+        (with_route_keys("  max_in_flight: 2"), 13, "indent the key under its parent"),
+        (edit("port: 8080}", "port: 8080"), 3, "mapping is not closed"),
+        (edit("methods: [POST]", "methods: [POST"), 10, "list is not closed"),
+        (edit("resource: ", "resource: a: "), 11, "quote a value that holds ': '"),
+        (edit("fence: required", 'fence: "required'), 13, "a closing quote is missing"),
+        (with_text("\tversion: 1"), 13, "indent with spaces"),
+    ],
+)
+def test_malformed_yaml_names_its_line_and_what_was_expected(
+    text: str, line: int, words: str
+) -> None:
+    problems = problems_of(text)
+    assert [(p.line, p.key) for p in problems] == [(line, "<file>")], problems
+    assert words in problems[0].message, problems[0].message
+    # The project's words, not PyYAML's parser states.
+    assert "<block" not in problems[0].message and "token" not in problems[0].message
+
+
+def test_an_unknown_key_near_a_valid_one_suggests_it() -> None:
+    text = edit("timeout_s: 5", "timout_s: 5")
+    assert_single_problem(
+        text, 6, "upstreams.supplier.timout_s", "unknown key: did you mean 'timeout_s'?"
+    )
+
+
+def test_an_unknown_key_near_none_lists_the_allowed_ones() -> None:
+    problems = problems_of(with_text("colour: blue"))
+    assert "did you mean" not in problems[0].message
+    assert problems[0].message.startswith("unknown key (allowed: admin_token_env,")

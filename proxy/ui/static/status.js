@@ -272,13 +272,23 @@
         ],
       ]
     );
-    const probes = el(
-      "p",
-      { class: "probes" },
-      `probes: ${effect.probe_attempts}`,
-      effect.next_probe_at ? `; next in ${seconds(effect.next_probe_at - Date.now() / 1000)}` : "; none scheduled",
-      last ? `; last: ${last.kind} by ${last.actor}: ${last.conclusion} (${last.detail})` : ""
-    );
+    const lastText = last ? `last: ${last.kind} by ${last.actor}: ${last.conclusion} (${last.detail})` : "";
+    // A route without a probe is said once: no schedule to show, and a "no_probe"
+    // answer to an earlier "Probe now" would only repeat it.
+    const probes = effect.has_probe
+      ? el(
+          "p",
+          { class: "probes" },
+          `probes: ${effect.probe_attempts}`,
+          effect.next_probe_at ? `; next in ${seconds(effect.next_probe_at - Date.now() / 1000)}` : "; none scheduled",
+          lastText ? `; ${lastText}` : ""
+        )
+      : el(
+          "p",
+          { class: "probes no-probe" },
+          `Route ${effect.route} has no probe: an operator must resolve this effect.`,
+          last && last.conclusion !== "no_probe" ? ` ${lastText[0].toUpperCase()}${lastText.slice(1)}` : ""
+        );
     const link = el("a", { href: `#effect=${encodeURIComponent(effect.id)}`, class: "detail-link" }, "history");
     return el(
       "article",
@@ -344,7 +354,13 @@
   function renderAdvice(advice) {
     const groups = advice.groups.filter((g) => g.turns > 0 || g.false_expiry_curve.length);
     if (!groups.length) {
-      fill("advice", el("p", { class: "muted" }, "No lease-sizing data yet: no lease ended since records began."));
+      // The server counts ended leases as the Leases panel lists them (leases_ended):
+      // "no lease ended" only when none did, else why none of them measured a turn.
+      const ended = advice.leases_ended;
+      const why = ended
+        ? `${ended} lease(s) ended, none released by its holder: a turn (grant to release) is measured only from a release.`
+        : "no lease ended since records began.";
+      fill("advice", el("p", { class: "muted", id: "advice-empty" }, `No lease-sizing data yet: ${why}`));
       return;
     }
     fill(
@@ -449,6 +465,9 @@
       "events"
     );
     const inDoubt = ["UNKNOWN", "CONFLICTING", "DISPATCHING"].includes(effect.state);
+    // Whether its route has a probe comes with the in-doubt listing, not the receipt.
+    const listed = (latest.inDoubt || []).find((e) => e.id === effect.id);
+    effect = { ...effect, has_probe: listed ? listed.has_probe : false };
     fill(
       "effect-detail",
       el("p", {}, `${effect.method} ${effect.path}`),
@@ -464,11 +483,15 @@
   function actions(effect) {
     const box = el("div", { class: "actions" });
     const result = el("p", { class: "result", role: "status" });
-    const probe = el("button", { type: "button", class: "probe" }, "Probe now");
     const resolve = el("button", { type: "button", class: "resolve" }, "Resolve…");
-    probe.addEventListener("click", () => openForm(box, effect, "probe", result));
     resolve.addEventListener("click", () => openForm(box, effect, "resolve", result));
-    box.append(probe, resolve, result);
+    // "Probe now" only where there is a probe to run: elsewhere it can only say no_probe.
+    if (effect.has_probe) {
+      const probe = el("button", { type: "button", class: "probe" }, "Probe now");
+      probe.addEventListener("click", () => openForm(box, effect, "probe", result));
+      box.append(probe);
+    }
+    box.append(resolve, result);
     return box;
   }
 
@@ -478,7 +501,10 @@
   }
 
   function openForm(box, effect, kind, result) {
-    if (box.querySelector("form")) return;
+    // One form at a time: the same button again keeps it, the other button replaces it.
+    const open = box.querySelector("form");
+    if (open && open.classList.contains(kind)) return;
+    if (open) open.remove();
     const form = el("form", { class: `action ${kind}` });
     const [operatorLabel, operator] = field("Operator", "operator");
     const [reasonLabel, reason] = field("Reason", "reason");

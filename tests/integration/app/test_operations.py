@@ -89,16 +89,18 @@ def refusal(error: pytest.ExceptionInfo[OperationRefused], code: ErrorCode) -> O
 # --- the in-doubt listing ------------------------------------------------------------------------
 
 
-async def test_in_doubt_on_an_empty_store_is_empty(store: Store) -> None:
-    report = await reconciliation.in_doubt(store)
+async def test_in_doubt_on_an_empty_store_is_empty(store: Store, policy: Policy) -> None:
+    report = await reconciliation.in_doubt(store, policy)
     assert report.as_json() == {"blocked_resources": [], "in_doubt": []}
 
 
-async def test_in_doubt_sweeps_overdue_effects_first(store: Store, clock: FakeClock) -> None:
+async def test_in_doubt_sweeps_overdue_effects_first(
+    store: Store, clock: FakeClock, policy: Policy
+) -> None:
     effect_id = await dispatching(store)
     clock.advance(PAST_DEADLINE_S)
 
-    report = await reconciliation.in_doubt(store)
+    report = await reconciliation.in_doubt(store, policy)
 
     [entry] = report.effects
     assert (entry.effect.id, entry.effect.state) == (effect_id, EffectState.UNKNOWN)
@@ -107,13 +109,13 @@ async def test_in_doubt_sweeps_overdue_effects_first(store: Store, clock: FakeCl
 
 
 async def test_a_request_in_flight_is_in_doubt_but_waits_for_nobody(
-    store: Store, clock: FakeClock
+    store: Store, clock: FakeClock, policy: Policy
 ) -> None:
     waiting = await unknown(store, clock, "supplier:waiting")
     # Admitted after the clock moved: within its deadline at the listing.
     in_flight = await dispatching(store, "supplier:flying", key="order-2")
 
-    report = await reconciliation.in_doubt(store)
+    report = await reconciliation.in_doubt(store, policy)
 
     states = {entry.effect.id: entry.effect.state for entry in report.effects}
     assert states[waiting] is EffectState.UNKNOWN
@@ -122,20 +124,44 @@ async def test_a_request_in_flight_is_in_doubt_but_waits_for_nobody(
     assert report.blocked_resources == ("supplier:waiting",)
 
 
-async def test_in_doubt_ages_are_on_the_store_clock(store: Store, clock: FakeClock) -> None:
+async def test_in_doubt_ages_are_on_the_store_clock(
+    store: Store, clock: FakeClock, policy: Policy
+) -> None:
     effect_id = await dispatching(store)
     clock.advance(PAST_DEADLINE_S + 60)
 
-    [entry] = (await reconciliation.in_doubt(store)).effects
+    [entry] = (await reconciliation.in_doubt(store, policy)).effects
 
     assert entry.effect.id == effect_id
     assert entry.age_s == clock.approx(PAST_DEADLINE_S + 60)
     assert entry.as_json()["age_s"] == clock.approx(PAST_DEADLINE_S + 60)
 
 
-async def test_settled_effects_are_not_in_doubt(store: Store, clock: FakeClock) -> None:
+async def test_in_doubt_says_whether_the_effect_s_route_has_a_probe(
+    store: Store, clock: FakeClock, policy: Policy, store_url: str
+) -> None:
+    # The status page offers "Probe now" only where this is true.
+    effect_id = await dispatching(store)
+    clock.advance(PAST_DEADLINE_S)
+    probed = parse_policy(
+        policy_yaml(
+            store_url,
+            f"http://127.0.0.1:{closed_port()}",
+            reconcile='{probe: {method: GET, path: "/orders/by-key/{idempotency_key}"}, '
+            'committed: ["200"], not_committed: ["404"], settle_s: 1, attempts: 5}',
+        )
+    )
+    [without] = (await reconciliation.in_doubt(store, policy)).effects
+    [with_probe] = (await reconciliation.in_doubt(store, probed)).effects
+    assert (without.effect.id, without.has_probe) == (effect_id, False)
+    assert (with_probe.has_probe, with_probe.as_json()["has_probe"]) == (True, True)
+
+
+async def test_settled_effects_are_not_in_doubt(
+    store: Store, clock: FakeClock, policy: Policy
+) -> None:
     await committed(store, clock)
-    assert (await reconciliation.in_doubt(store)).as_json() == {
+    assert (await reconciliation.in_doubt(store, policy)).as_json() == {
         "blocked_resources": [],
         "in_doubt": [],
     }

@@ -250,6 +250,30 @@ async def test_an_expired_unended_lease_is_listed_once(fence: Fence) -> None:
     assert [lease["resource"] for lease in body["recently_ended"]] == ["supplier:late"]
 
 
+async def test_lease_advice_and_the_leases_panel_agree_that_leases_ended(fence: Fence) -> None:
+    # Ended with no measured turn (only a release measures one): one expired, one
+    # expired then taken over. The Leases panel lists both; the advice must not say
+    # that no lease ended.
+    await fence.acquire("supplier:late", "worker-late", 1)
+    await fence.acquire("supplier:over", "worker-old", 1)
+    fence.clock.advance(2.0)
+    await fence.acquire("supplier:over", "worker-new", 30)
+    panel = await _get(fence, RECENT)
+    advice = await _get(fence, "/_fence/v1/lease-advice")
+    assert all(group["turns"] == 0 for group in advice["groups"])
+    assert advice["leases_ended"] == len(panel["recently_ended"]) == 2
+    endings = {
+        reason: count
+        for group in advice["groups"]
+        for reason, count in group["ended"].items()
+        if reason != "total"
+    }
+    assert endings == {"expired": 1, "superseded": 1}
+    # The page says "no lease ended" only when the count the server gives is zero.
+    script = (STATIC / "status.js").read_text(encoding="utf-8")
+    assert "advice.leases_ended" in script
+
+
 @pytest.mark.parametrize(
     "path",
     [

@@ -27,7 +27,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.integration.processes.conftest import Stack, http_call
+from tests.integration.processes.conftest import ReconcileBlock, Stack, http_call
 from tests.needs import missing
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -215,17 +215,15 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     assert "no probe attempts left" not in page.text(events)
     page.shot("effect-history")
 
-    # Probe now: confirmed naming the resource and the effect, the answer shown in place.
-    # This route has no probe, so the proxy refuses (no_probe) and records nothing.
-    form = page.act(effect_id, "probe", "alice", "paged at 3am")
-    form.find_element(By.CSS_SELECTOR, "button.review").click()
-    confirmation = form.find_element(By.CSS_SELECTOR, ".confirmation").text
-    assert effect_id in confirmation and "supplier:widget" in confirmation
-    events_before = stack.effect(effect_id)["events"]
-    form.find_element(By.CSS_SELECTOR, "button.confirm").click()
-    page.until(lambda d: "Refused" in page.text("#outstanding .result"))
-    assert "no reconcile block" in page.text("#outstanding .result")
-    assert stack.effect(effect_id)["events"] == events_before
+    # This route has no probe: no "Probe now" (it could only answer no_probe), and the
+    # card says so once, with no probe schedule and no no_probe conclusion.
+    card = _card(page, effect_id)
+    assert card.find_elements(By.CSS_SELECTOR, "button.probe") == []
+    assert page.find("#effect-detail").find_elements(By.CSS_SELECTOR, "button.probe") == []
+    probes = card.find_element(By.CSS_SELECTOR, ".probes").text
+    assert probes.startswith("Route place-order has no probe: an operator must resolve")
+    assert "none scheduled" not in probes and "no_probe" not in probes, probes
+    assert probes.count("no probe") == 1, probes
 
     # Resolve: the upstream did commit the order it never answered for.
     form = page.act(effect_id, "resolve", "alice", "the order is in the ERP")
@@ -248,6 +246,37 @@ def test_a_lost_answer_shows_blocked_and_is_resolved_from_the_page(
     assert settled["state"] == "COMMITTED", settled
     assert settled["events"][-1]["actor"] == "operator:alice", settled
     assert stack.upstream_orders() == 1
+
+
+# A probe that never concludes (the upstream's 200 is neither outcome): the effect stays
+# in doubt while the page is driven, and its route has a probe.
+INCONCLUSIVE_PROBE = ReconcileBlock(
+    settle_s=60.0, attempts=50, committed=("201",), not_committed=("410",)
+)
+
+
+@pytest.mark.fence_stack(reconcile=INCONCLUSIVE_PROBE)
+def test_resolve_opened_while_the_probe_form_is_open_replaces_it(
+    browser: WebDriver, stack: Stack
+) -> None:
+    page = Page(browser, stack)
+    page.open_logged_in()
+    effect_id = _lose_an_answer(stack)
+    page.until(lambda d: d.title.startswith("(1 in doubt, 1 blocked)"))
+    # Its route has a probe: offered, and the card shows the probe schedule.
+    page.act(effect_id, "probe", "alice", "paged at 3am")
+    assert "probes:" in _card(page, effect_id).find_element(By.CSS_SELECTOR, ".probes").text
+    _card(page, effect_id).find_element(By.CSS_SELECTOR, "button.resolve").click()
+    page.until(lambda d: _card(page, effect_id).find_elements(By.CSS_SELECTOR, "form.resolve"))
+    card = _card(page, effect_id)
+    assert card.find_elements(By.CSS_SELECTOR, "form.probe") == []
+    assert card.find_elements(By.CSS_SELECTOR, "form.action") == [
+        card.find_element(By.CSS_SELECTOR, "form.resolve")
+    ]
+    # And back: the probe form replaces the resolve form.
+    card.find_element(By.CSS_SELECTOR, "button.probe").click()
+    page.until(lambda d: _card(page, effect_id).find_elements(By.CSS_SELECTOR, "form.probe"))
+    assert _card(page, effect_id).find_elements(By.CSS_SELECTOR, "form.resolve") == []
 
 
 def test_a_refused_action_shows_the_problem_detail_and_refreshes_wait_for_the_form(
