@@ -175,6 +175,12 @@ def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     executable.parent.mkdir(parents=True)
     executable.write_text("#!/bin/sh\n", encoding="utf-8")
     executable.chmod(0o755)
+    # The unit's other commands (ExecReload's kill) are the system's: the host's own.
+    for command in re.findall(r"^Exec\w+=[-@:+!]*(/\S+)", unit, re.MULTILINE):
+        placed = root / command.lstrip("/")
+        if not placed.exists():
+            placed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(command).resolve(), placed)
     checked = subprocess.run(
         [analyze, "verify", f"--root={root}", installed_at(steps, SYSTEMD)],
         capture_output=True,
