@@ -267,6 +267,15 @@ class KeyAppliedRequestUnknown(FenceError):
     code = "key_applied_request_unknown"
 
 
+class ReloadRefused(FenceError):
+    """An operator's policy reload was refused (an invalid file, a key that needs a
+    restart, or a route or probe taken from effects in doubt): nothing changed, and the
+    replica serves the policy it served before. Not a worker's error; the class exists
+    so that every code of the contract has one."""
+
+    code = "reload_refused"
+
+
 def _by_code() -> dict[str, type[FenceError]]:
     return {cls.code: cls for cls in FenceError.__subclasses__()}
 
