@@ -219,7 +219,7 @@ async def revoke(request: web.Request) -> web.Response:
 
 async def close_recovery(request: web.Request) -> web.Response:
     """`store close-recovery` over the API: every key the store does not know is new
-    again, on every replica within a beat (issue 18 §1)."""
+    again, on every replica within a beat."""
     auth.require(request, Right.ADMIN)
     await json_object(request, set())
     store = runtime_of(request).store
@@ -494,11 +494,11 @@ async def readyz(request: web.Request) -> web.Response:
     body: dict[str, object] = {"status": "ready"}
     window = runtime.store.recovery
     if window is not None:
-        # Ready, yet refusing keys it does not know (issue 18 §1): say why.
+        # Ready, yet refusing keys it does not know: say why.
         body["recovery_window"] = {"opened_at": window.opened_at, "reason": window.reason}
     replication = runtime.store.replication
     if replication is not None:
-        # What the PostgreSQL primary says of its standbys (issue 18 §1).
+        # What the PostgreSQL primary says of its standbys.
         body["replication"] = replication.as_json()
     body["policy"] = await _policy_agreement(runtime)
     return web.json_response(body)

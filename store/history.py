@@ -1,4 +1,4 @@
-"""Has the authority lost history? (issue 18 §1)
+"""Has the authority lost history?
 
 A promoted asynchronous standby holds only the WAL it had received: grants and
 receipts acknowledged by the old primary after that point are gone, and a store that

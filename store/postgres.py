@@ -360,7 +360,7 @@ class PostgresConnector:
         conn.round_trips = self.round_trips
         if self._migrated:
             # A new connection may reach another server than the last one did: a
-            # promoted standby behind the same address (issue 18 §1). Every transaction
+            # promoted standby behind the same address. Every transaction
             # checks again (`_begin`); this also reads the store's record and the
             # replication state.
             await self._check_history(conn)

@@ -152,7 +152,7 @@ class StandbyPair:
 
     def detach_standby(self) -> None:
         """Cut the standby off its primary, as a link that lags: what the primary
-        commits from now on is not on the standby when it is promoted (issue 18 §1).
+        commits from now on is not on the standby when it is promoted.
         (A paused replay would not do: a promotion replays what was received.) Returns
         once the primary has no WAL sender left."""
         self._psql(self.standby_port, "ALTER SYSTEM SET primary_conninfo = ''")

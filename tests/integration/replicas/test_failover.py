@@ -1,4 +1,4 @@
-"""A failover to an asynchronous standby, with real processes (issue 18 §1).
+"""A failover to an asynchronous standby, with real processes.
 
 A primary and its streaming standby (tests/pgstandby.py); two proxy replicas on the primary;
 workers taking turns on two shared resources and writing under load to the demo

@@ -1,5 +1,5 @@
 """The store after a failover to an asynchronous standby that had not received the last
-grants (issue 18 §1): opened on the promoted standby, as a restarted replica would, it
+grants: opened on the promoted standby, as a restarted replica would, it
 finds that the database lost history (a new timeline), raises every epoch past
 anything the old primary issued, ends every lease, and opens the recovery window;
 once, whichever replica finds it first; until an operator closes it."""
