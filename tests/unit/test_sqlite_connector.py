@@ -217,7 +217,8 @@ async def test_driver_errors_reach_callers_as_store_unavailable(tmp_path: Path) 
 
 async def test_a_store_that_cannot_open_leaves_no_connection_thread(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
-    threads = threading.active_count()
+    # Threads by identity: another test's thread that ends meanwhile is none of these.
+    before = set(threading.enumerate())
     connector = SQLiteConnector(f"sqlite:///{tmp_path / 'file' / 'fence.db'}", lambda: 0.0)
     with pytest.raises(StoreUnavailable, match="cannot"):
         await asyncio.wait_for(connector.open(), WAIT_S)
@@ -228,10 +229,10 @@ async def test_a_store_that_cannot_open_leaves_no_connection_thread(tmp_path: Pa
         await asyncio.wait_for(connector.open(), WAIT_S)
     # aiosqlite's thread ends a moment after it answered the close.
     for _ in range(100):
-        if threading.active_count() == threads:
+        if not set(threading.enumerate()) - before:
             break
         await asyncio.sleep(0.01)
-    assert threading.active_count() == threads
+    assert not set(threading.enumerate()) - before
 
 
 class BatchRecorder:
