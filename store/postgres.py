@@ -66,7 +66,11 @@ _WAL_REFUSED = (
 # just before the COMMIT: this transaction's own id, kept once the COMMIT returned, so
 # that a restore that loses it is found on the next transaction, on any connection.
 _BEGIN = "BEGIN; SELECT fenceproxy_history_position()"
-_BEGIN_READ_ONLY = "BEGIN READ ONLY; SELECT fenceproxy_history_position()"
+# A read's statements see one snapshot (REPEATABLE READ; READ COMMITTED would give each
+# statement its own, and an effect read before a probe's receipt could meet the probe's
+# event read after it). Read-only, it never fails to serialize.
+_READ_ONLY = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_BEGIN_READ_ONLY = f"{_READ_ONLY}; SELECT fenceproxy_history_position()"
 _COMMIT = "SELECT fenceproxy_history_position(); COMMIT"
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -464,7 +468,7 @@ class PostgresConnector:
         another timeline than the last one seen, or whose WAL went back, serves nothing
         of this transaction. A loss is recovered at once (`_Lost`: run it again)."""
         if not self._guarded:
-            await conn.execute("BEGIN READ ONLY" if readonly else "BEGIN")
+            await conn.execute(_READ_ONLY if readonly else "BEGIN")
             return
         # Judged against what was seen before the BEGIN was sent: a COMMIT that returns
         # meanwhile, on another connection, may have been after this server's answer.

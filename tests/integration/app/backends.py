@@ -318,6 +318,17 @@ async def count(store_url: str, table: str, where: str = "TRUE") -> int:
     return int(found[0][0])
 
 
+def commit_now(store_url: str, sql: str) -> None:
+    """One statement (no parameters, valid on both backends), committed on a connection
+    of its own before this returns, without suspending the caller."""
+    if backend_of(store_url) == "sqlite":
+        path, _ = parse_sqlite_url(store_url)
+        with contextlib.closing(sqlite3.connect(path)) as sqlite_conn, sqlite_conn:
+            sqlite_conn.execute(sql)
+        return
+    run_sync(execute(store_url, sql))
+
+
 async def execute(store_url: str, sql: str) -> None:
     """One statement (no parameters, valid on both backends), committed."""
     await _seed(store_url, [(sql, {}, [])])

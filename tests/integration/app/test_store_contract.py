@@ -188,3 +188,28 @@ async def test_acquire_is_durable_once_acknowledged(store_url: str, clock: FakeC
             "SELECT epoch, holder, expires_at FROM leases WHERE resource = ?",
             ("durable",),
         ) == [(1, "h", lease.expires_at)]
+
+
+
+async def test_a_read_sees_one_moment(store_url: str, clock: FakeClock) -> None:
+    """A read operation's statements see the store as of one moment, even when another
+    replica commits between them: an effect and its history are read together
+    (effect_with_events), and a row read before a probe's receipt must not meet the
+    probe's event read after it."""
+    async with running_store(store_url, clock) as store:
+        granted(await acquire(store, "r"))
+
+        async def epoch(tx: Tx) -> int:
+            row = await tx.one("resource_state", resource="r")
+            assert row is not None
+            return int(row["epoch"])
+
+        async def twice(tx: Tx) -> tuple[int, int]:
+            first = await epoch(tx)
+            # Synchronous, on a connection of its own: committed before the next
+            # statement, and no suspension (SQLite's operations may not suspend).
+            backends.commit_now(store_url, "UPDATE resources SET epoch = 7 WHERE resource = 'r'")
+            return first, await epoch(tx)
+
+        assert await store.connector.read(twice) == (1, 1)
+        assert await store.connector.read(epoch) == 7
