@@ -190,7 +190,6 @@ async def test_acquire_is_durable_once_acknowledged(store_url: str, clock: FakeC
         ) == [(1, "h", lease.expires_at)]
 
 
-
 async def test_a_read_sees_one_moment(store_url: str, clock: FakeClock) -> None:
     """A read operation's statements see the store as of one moment, even when another
     replica commits between them: an effect and its history are read together
