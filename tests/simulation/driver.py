@@ -24,6 +24,9 @@ What is called, and what each call stands for:
 |                        | record_probe(id, event, status, detail, next, counted)|
 | operator resolve       | resolve(id, outcome, reason, operator)                |
 | garbage collection     | collect_garbage()                                     |
+| read during a write    | effect_with_events(id), as the API's GET of an effect |
+| (probe answer, receipt,| does, with the other replica's write committed       |
+| sweep)                 | between its first statement and the next (`MidRead`)  |
 
 Time: on SQLite the store reads `Authority.clock` (the simulated time); on
 PostgreSQL the store reads the database's now() + store_meta.clock_offset_s, and
@@ -32,11 +35,12 @@ PostgreSQL the store reads the database's now() + store_meta.clock_offset_s, and
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import asyncpg
 
@@ -48,8 +52,12 @@ from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
+from store.base import Connector, Operation, Row, T, Tx
+from store.history import RecoveryWindow, Replication
+from tests.simulation.tables import EventRow, Moment, moment_of
 
 Backend = Literal["sqlite", "postgres"]
+Meanwhile = Callable[[], Coroutine[Any, Any, None]]
 
 # PostgreSQL's clock keeps flowing between two moves of the simulated clock. Every
 # duration the simulation uses is at least this far from any multiple of the
@@ -155,6 +163,84 @@ def _told(answer: Answer | None, event: Event, settled: EffectState) -> str:
     if answer is Answer.NOT_SENT:
         return "not_sent"
     return "unknown" if answer is Answer.UNKNOWN else "conflict"
+
+
+# -- a write committed in the middle of a read -------------------------------------
+
+# On SQLite the interposed write runs on the event loop while the reader's thread waits
+# for it; a write that took longer than this is stuck.
+MID_READ_WAIT_S = 30.0
+
+
+class _AfterFirstStatement:
+    """A read's transaction that runs `meanwhile` once its first statement answered."""
+
+    def __init__(self, tx: Tx, meanwhile: Meanwhile) -> None:
+        self._tx = tx
+        self._meanwhile: Meanwhile | None = meanwhile
+        self.now = tx.now
+
+    async def _then(self) -> None:
+        meanwhile, self._meanwhile = self._meanwhile, None
+        if meanwhile is not None:
+            await meanwhile()
+
+    async def one(self, query: str, **params: Any) -> Row | None:
+        row = await self._tx.one(query, **params)
+        await self._then()
+        return row
+
+    async def all(self, query: str, **params: Any) -> list[Row]:
+        rows = await self._tx.all(query, **params)
+        await self._then()
+        return rows
+
+    async def execute(self, query: str, **params: Any) -> int:
+        count = await self._tx.execute(query, **params)
+        await self._then()
+        return count
+
+
+def _on_the_loop(meanwhile: Meanwhile) -> Meanwhile:
+    """`meanwhile` for a thread other than the event loop's: run on the loop, and waited
+    for without suspending."""
+    loop = asyncio.get_running_loop()
+
+    async def waited_for() -> None:
+        asyncio.run_coroutine_threadsafe(meanwhile(), loop).result(MID_READ_WAIT_S)
+
+    return waited_for
+
+
+class MidRead:
+    """A replica's connector whose reads run `meanwhile` (another replica's write, on a
+    connection of its own) between their first statement and the next: the moment a
+    read that is not one snapshot would see half of the write. Anything else passes
+    through."""
+
+    def __init__(self, inner: Connector, meanwhile: Meanwhile) -> None:
+        self._inner = inner
+        self._meanwhile = meanwhile
+        self.recovery: RecoveryWindow | None = inner.recovery
+        self.replication: Replication | None = inner.replication
+
+    async def open(self) -> None:
+        await self._inner.open()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+        return await self._inner.write(operation, own_clock)
+
+    async def statement(self, query: str, **params: Any) -> Row | None:
+        return await self._inner.statement(query, **params)
+
+    async def read(self, operation: Operation[T]) -> T:
+        async def interposed(tx: Tx) -> T:
+            return await operation(_AfterFirstStatement(tx, self._meanwhile))
+
+        return await self._inner.read(interposed)
 
 
 # -- the authority: one database, its clock ----------------------------------------
@@ -389,6 +475,38 @@ class Replica:
         if isinstance(result, Refusal):
             return Refused(result.code)
         return Resolved(result.state.value)
+
+    async def look(self, effect_id: str, meanwhile: Meanwhile) -> Moment | None:
+        """The effect with its history, as the API's GET of an effect reads them
+        (`effect_with_events`), with `meanwhile` committed between the read's first
+        statement and the next.
+
+        On PostgreSQL the read's transaction waits on its connection while the write
+        runs on another. On SQLite an operation may not suspend (store/sqlite.py): its
+        statements run in the reader connection's thread, which waits there while the
+        write runs on the event loop (another replica's store: its own connections and
+        threads)."""
+        self.authority.check_drift()
+        between = meanwhile if self.authority.backend == "postgres" else _on_the_loop(meanwhile)
+        view = Store(MidRead(self.store.connector, between), self.instance_id)
+        effect, events = await view.effect_with_events(effect_id)
+        if effect is None:
+            return None
+        return moment_of(
+            (
+                effect.state.value,
+                effect.finished_at,
+                effect.upstream_status,
+                effect.reason,
+                effect.probe_attempts,
+                effect.next_probe_at,
+                effect.settled_by,
+            ),
+            [
+                EventRow(e.at, e.kind, e.actor, e.upstream_status, e.conclusion, e.detail)
+                for e in events
+            ],
+        )
 
     async def collect_garbage(self) -> int:
         self.authority.check_drift()

@@ -32,6 +32,11 @@ I7  the key belongs to whichever effect under it is still open: while an effect
     names an effect under that key that is open or COMMITTED, never none (a probe
     settling the first send NOT_COMMITTED while its resend is on its way must not
     take the resend's key with it).                                      [all runs]
+I8  a read sees one moment: an effect and its history as a read answers them (the
+    API's GET of an effect, `effect_with_events`) are both those the store held
+    before a write that committed during the read, or both those after it; never
+    the row of one moment beside the events of another (a probe's event beside the
+    next_probe_at from before the probe).                                 [all runs]
 
 Each violation carries a cause, read off the records (what the step did, how the
 key was last freed). Causes of the known bugs of today's code are listed in
@@ -46,7 +51,7 @@ from enum import Enum
 
 from policies import Route
 from tests.simulation import tables
-from tests.simulation.tables import EffectRow, KeyRow, Tables
+from tests.simulation.tables import EffectRow, KeyRow, Moment, Tables
 from tests.simulation.upstream import SimUpstream
 
 
@@ -68,6 +73,8 @@ CONTRADICTION_DROPPED = "contradiction-dropped"
 # by garbage collection of a committed send's expired record.
 KEY_FREED_UNDER_OPEN = "key-freed-under-an-open-effect"
 KEY_COLLECTED_UNDER_OPEN = "key-collected-under-an-open-effect"
+# A read's statements each saw their own snapshot (PostgreSQL at READ COMMITTED).
+TORN_READ = "read-of-two-moments"
 
 BUG_LETTERS = {BUG_A: "a", BUG_B: "b", BUG_C: "c", BUG_D: "d", BUG_E: "e"}
 
@@ -149,6 +156,36 @@ class ProbeSeen:
     all_inside_settle: bool
 
 
+@dataclass(frozen=True)
+class ReadSeen:
+    """A replica read an effect with its history while another's write committed."""
+
+    effect_id: str
+    reader: str
+    seen: Moment | None
+    before: Moment | None  # the store's, just before the read began
+    after: Moment | None  # the store's, once the read returned
+
+    @property
+    def torn(self) -> bool:
+        return self.seen != self.before and self.seen != self.after
+
+    def when(self) -> str:
+        """Which moment the read's effect, and its history, are from."""
+        if self.seen is None:
+            return "no effect"
+        before, after = self.before, self.after
+
+        def which(part: object, was: object, became: object) -> str:
+            if part == was:
+                return "before the write"
+            return "after it" if part == became else "neither before nor after it"
+
+        row = which(self.seen.row, before and before.row, after and after.row)
+        events = which(self.seen.events, before and before.events, after and after.events)
+        return f"the effect as {row}, its history as {events}"
+
+
 @dataclass
 class StepInfo:
     number: int
@@ -164,6 +201,7 @@ class StepInfo:
     resent_by: dict[str, str] = field(default_factory=dict)  # earlier effect -> resend's id
     probes: dict[str, ProbeSeen] = field(default_factory=dict)
     resolved: dict[str, bool] = field(default_factory=dict)  # effect id -> truthful
+    reads: list[ReadSeen] = field(default_factory=list)
     model_violations: list[Violation] = field(default_factory=list)
 
 
@@ -322,6 +360,7 @@ class Checker:
         if self.truthful:
             found += self._check_acks(step)
         found += await self._check_evidence(step, before)
+        found += self._check_reads(step)
         return found
 
     def _epochs(self, epochs: dict[str, int]) -> list[Violation]:
@@ -703,6 +742,26 @@ class Checker:
                     f"{info.name} was settled {was}; {ev.source} said {said}, and the store "
                     "kept no trace of it",
                     (info.name,) + ((f"{info.resource}/{info.key}",) if info.key else ()),
+                )
+            )
+        return found
+
+    def _check_reads(self, step: StepInfo) -> list[Violation]:
+        found = []
+        for read in step.reads:
+            if not read.torn:
+                continue
+            name = self._name(read.effect_id)
+            seen = read.seen.describe() if read.seen else "nothing"
+            before = read.before.describe() if read.before else "nothing"
+            after = read.after.describe() if read.after else "nothing"
+            found.append(
+                Violation(
+                    "I8",
+                    TORN_READ,
+                    f"{read.reader} read {name} while a write committed: {read.when()}"
+                    f" (read: {seen}; before: {before}; after: {after})",
+                    (name,),
                 )
             )
         return found

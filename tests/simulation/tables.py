@@ -75,7 +75,49 @@ class LeaseRow:
     ended_at: float | None
 
 
+@dataclass(frozen=True)
+class EventRow:
+    at: float
+    kind: str
+    actor: str
+    upstream_status: int | None
+    conclusion: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class EffectColumns:
+    """The columns of an effect its lifecycle moves."""
+
+    state: str
+    finished_at: float | None
+    upstream_status: int | None
+    reason: str | None
+    probe_attempts: int
+    next_probe_at: float | None
+    settled_by: str | None
+
+
+@dataclass(frozen=True)
+class Moment:
+    """An effect and its history, as of one moment."""
+
+    row: EffectColumns
+    events: tuple[EventRow, ...]
+
+    def describe(self) -> str:
+        last = self.events[-1] if self.events else None
+        said = f"{last.kind} {last.conclusion} at {last.at:.3f}" if last else "none"
+        return (
+            f"{self.row.state}, {self.row.probe_attempts} probe(s), next probe at "
+            f"{self.row.next_probe_at}; {len(self.events)} event(s), the last: {said}"
+        )
+
+
 _EFFECT_COLUMNS = "id, resource, state, settled_by, probe_attempts, next_probe_at, created_at"
+_MOMENT_COLUMNS = (
+    "state, finished_at, upstream_status, reason, probe_attempts, next_probe_at, settled_by"
+)
 
 
 class Tables:
@@ -187,6 +229,26 @@ class Tables:
         )
         return [(str(i), str(s)) for i, s in rows]
 
+    async def moment(self, effect_id: str) -> Moment | None:
+        """The effect and its history, as of one moment: on PostgreSQL, where this
+        connection is in autocommit, in a transaction that gives both statements one
+        snapshot (the property the reads under test must have)."""
+        effect_sql = f"SELECT {_MOMENT_COLUMNS} FROM effects WHERE id = ?"
+        events_sql = (
+            "SELECT at, kind, actor, upstream_status, conclusion, detail FROM effect_events"
+            " WHERE effect_id = ? ORDER BY id"
+        )
+        if self._pg is None:
+            rows = await self._rows(effect_sql, effect_id)
+            events = await self._rows(events_sql, effect_id)
+        else:
+            async with self._pg.transaction(isolation="repeatable_read", readonly=True):
+                rows = await self._rows(effect_sql, effect_id)
+                events = await self._rows(events_sql, effect_id)
+        if not rows:
+            return None
+        return moment_of(rows[0], [EventRow(*e) for e in events])
+
     async def event_count(self, effect_id: str) -> int:
         rows = await self._rows("SELECT count(*) FROM effect_events WHERE effect_id = ?", effect_id)
         return int(rows[0][0])
@@ -195,6 +257,34 @@ class Tables:
 def _key(r: tuple[Any, ...]) -> KeyRow:
     expires_at = None if r[5] is None else float(r[5])
     return KeyRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), expires_at)
+
+
+def moment_of(columns: tuple[Any, ...], events: list[EventRow]) -> Moment:
+    """A Moment, its numbers as the same types from either backend or the store's API."""
+    state, finished_at, upstream_status, reason, probe_attempts, next_probe_at, settled_by = columns
+    row = EffectColumns(
+        str(state),
+        None if finished_at is None else float(finished_at),
+        None if upstream_status is None else int(upstream_status),
+        reason,
+        int(probe_attempts),
+        None if next_probe_at is None else float(next_probe_at),
+        settled_by,
+    )
+    return Moment(
+        row,
+        tuple(
+            EventRow(
+                float(e.at),
+                e.kind,
+                e.actor,
+                None if e.upstream_status is None else int(e.upstream_status),
+                e.conclusion,
+                e.detail,
+            )
+            for e in events
+        ),
+    )
 
 
 def _effect(row: tuple[Any, ...]) -> EffectRow:

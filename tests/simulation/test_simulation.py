@@ -7,6 +7,10 @@ key taken from an open resend (issue 22, item 6). Each has the seed that found i
 below, and must now run clean. The runs here tolerate no
 violation at all (invariants.EXPECTED_TO_FAIL_BEFORE_FIX is empty).
 
+A read that does not see one moment (I8: PostgreSQL's reads at READ COMMITTED, found
+by a flaky test on CI) fails the PostgreSQL runs below: seed 5 at step 288, seed 6 at
+step 10.
+
 A failure prints the seed, the step, a one-line replay command and the trace.
 """
 

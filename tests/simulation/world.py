@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 from core.lifecycle import DEADLINE_MARGIN_S
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend
@@ -38,6 +40,7 @@ from tests.simulation.invariants import (
     Evidence,
     EvidenceSeen,
     ProbeSeen,
+    ReadSeen,
     StepInfo,
     TokenView,
     Violation,
@@ -54,8 +57,14 @@ RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission an
 # How often a replica pauses between an admission and its send (the send deadline's case).
 HELD = 0.1
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long
+# How often a write that moves an effect (a probe's answer, a receipt, a sweep) commits
+# while the other replica is reading that effect with its history (the API's GET).
+# Drawn from a stream of its own: the steps a seed takes are those it took before.
+READ_DURING_WRITE = 0.15
 HOLDERS = ("w0", "w1", "w2", "w3")
 REPLICAS = ("proxy-a", "proxy-b")
+
+T = TypeVar("T")
 
 # Durations are k * TICK_S + 3.5 (settle_s, retain_s, TTLs, claim) or
 # k * TICK_S + 1.75 (timeouts: timeout + the 2 s margin and TTL - timeout then fall
@@ -279,6 +288,10 @@ class World:
     probe_history: dict[int, list[bool]] = field(default_factory=dict)
     seq: int = 0
     step: StepInfo = field(default_factory=lambda: StepInfo(0, "start"))
+    reads_rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reads_rng = random.Random(f"{self.seed}:{self.evidence.value}:reads")
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -320,6 +333,31 @@ class World:
 
     def model_violation(self, cause: str, detail: str, subject: str) -> None:
         self.step.model_violations.append(Violation("I1", cause, detail, (subject,)))
+
+    async def read_meanwhile(
+        self, effect_id: str | None, writer: str, write: Callable[[], Awaitable[T]]
+    ) -> T:
+        """`write`, by replica `writer`; sometimes committed while the other replica
+        reads the effect with its history, after the read's first statement."""
+        readers = [r for r in self.running() if r.name != writer]
+        if effect_id is None or not readers or self.reads_rng.random() >= READ_DURING_WRITE:
+            return await write()
+        reader = readers[0]
+        before = await self.checker.tables.moment(effect_id)
+        done: list[T] = []
+
+        async def meanwhile() -> None:
+            done.append(await write())
+
+        seen = await reader.driver.look(effect_id, meanwhile)
+        read = ReadSeen(
+            effect_id, reader.name, seen, before, await self.checker.tables.moment(effect_id)
+        )
+        self.step.reads.append(read)
+        self.note(
+            f"{reader.name} read {self.checker.by_id[effect_id].name} meanwhile: {read.when()}"
+        )
+        return done[0]
 
     # -- the scheduler ----------------------------------------------------------------------
 
@@ -737,7 +775,11 @@ class World:
         ids = (d.effect_id, *sorted(d.resends))
         counts = {i: await self.events_if_settled(i) for i in ids}
         was = self.checker.by_id[d.effect_id].state
-        receipt = await replica.driver.finish(d.effect_id, d.route, result, d.resends)
+        receipt = await self.read_meanwhile(
+            d.effect_id,
+            d.replica,
+            lambda: replica.driver.finish(d.effect_id, d.route, result, d.resends),
+        )
         d.recorded = True
         self.pending.remove(d.seq)
         self.step.touched.update(ids)
@@ -794,7 +836,17 @@ class World:
 
     async def do_sweep(self) -> None:
         replica = self.pick_running()
-        marked = await replica.driver.sweep(DEADLINE_MARGIN_S)
+        overdue = [
+            info.id
+            for info in self.checker.in_doubt()
+            if info.state == tables.DISPATCHING
+            and self.now - DEADLINE_MARGIN_S > self.dispatches[info.seq].deadline
+        ]
+        marked = await self.read_meanwhile(
+            self.reads_rng.choice(overdue) if overdue else None,
+            replica.name,
+            lambda: replica.driver.sweep(DEADLINE_MARGIN_S),
+        )
         self.step.touched.update(marked)
         names = ", ".join(sorted(self.checker.by_id[i].name for i in marked))
         self.note(f"sweep via {replica.name}: UNKNOWN: {names or 'none'}")
@@ -855,8 +907,11 @@ class World:
         d = self.dispatches[probe.seq]
         effect_id = probe.claimed.effect_id
         events = await self.events_if_settled(effect_id)
-        recorded = await self.replicas[probe.replica].driver.record_probe(
-            probe.claimed, d.route, probe.status, probe.asked_at
+        prober = self.replicas[probe.replica].driver
+        recorded = await self.read_meanwhile(
+            effect_id,
+            probe.replica,
+            lambda: prober.record_probe(probe.claimed, d.route, probe.status, probe.asked_at),
         )
         self.step.touched.add(effect_id)
         history = self.probe_history.setdefault(d.seq, [])
