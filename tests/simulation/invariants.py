@@ -257,6 +257,9 @@ class Checker:
         self.key_rows: dict[tuple[str, str], KeyRow] = {}
         self.tainted: dict[str, str] = {}  # subject -> the cause that tainted it
         self.doubtful: set[str] = set()  # ids of effects last seen in doubt
+        # Reads a write changed the effect under, between their first statement and the
+        # next (the race I8 is about happened, whatever the read saw).
+        self.reads_overtaken = 0
 
     # -- registration -------------------------------------------------------------
 
@@ -749,6 +752,8 @@ class Checker:
     def _check_reads(self, step: StepInfo) -> list[Violation]:
         found = []
         for read in step.reads:
+            if read.before != read.after:
+                self.reads_overtaken += 1
             if not read.torn:
                 continue
             name = self._name(read.effect_id)

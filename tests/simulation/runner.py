@@ -80,6 +80,7 @@ class RunResult:
     consequences: int = 0
     effects: int = 0
     upstream_requests: int = 0
+    reads_overtaken: int = 0  # reads a write committed in the middle of (I8)
     # Keys the upstream applied twice or more (routes that do not deduplicate), by
     # the cause reported for the key first: the damage the bugs did in this run.
     double_effects: Counter[str] = field(default_factory=Counter)
@@ -105,7 +106,7 @@ class RunResult:
             f"seed {c.seed} {c.backend} {c.evidence.value}: {self.steps_run} steps "
             f"+ {self.drain_steps} drain in {self.elapsed_s:.1f}s, cpu {self.cpu_s:.1f}s "
             f"({per:.2f} ms/step; {self.effects} effects, {self.upstream_requests} upstream "
-            "requests)"
+            f"requests, {self.reads_overtaken} reads overtaken by a write)"
         )
         lines = [head]
         for cause, finding in sorted(self.known.items(), key=lambda kv: kv[1].step):
@@ -318,6 +319,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
         if await run_.main_phase():
             await run_.drain()
         result.effects = world.seq
+        result.reads_overtaken = checker.reads_overtaken
         result.upstream_requests = upstream.requests
         result.trace_digest = run_.digest.hexdigest()
         for (resource, key), seqs in sorted(upstream.applied_keys.items()):

@@ -60,6 +60,7 @@ async def test_sqlite_runs_keep_the_invariants(seed: int, evidence: Evidence) ->
     assert_ok(result)
     assert result.steps_run == SQLITE_STEPS
     assert result.effects > SQLITE_STEPS // 20  # the run did admit and dispatch
+    assert result.reads_overtaken > 0  # a write committed in the middle of a read
 
 
 @pytest.mark.parametrize(("seed", "evidence"), POSTGRES_RUNS, ids=run_id)
@@ -69,6 +70,7 @@ async def test_postgres_runs_keep_the_invariants(
     result = await run(RunConfig(seed, POSTGRES_STEPS, "postgres", evidence), pg_module_url)
     assert_ok(result)
     assert result.steps_run == POSTGRES_STEPS
+    assert result.reads_overtaken > 0
 
 
 async def test_a_seed_replays_the_same_run() -> None:
