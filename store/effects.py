@@ -3,7 +3,6 @@ transaction) and receipts (a dispatch's outcome, as core/lifecycle.py says)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Coroutine
@@ -16,20 +15,16 @@ from core.lifecycle import Event, Key, Plan
 from core.records import (
     EffectRecord,
     EffectState,
-    IdempotencyRecord,
-    LeaseRecord,
-    OpenEffect,
     Refusal,
     Rejection,
-    ResourceState,
     StoredResponse,
 )
 from core.send_deadline import in_flight_until
-from store.base import AdmissionInDoubt, CommitUnknown, Row, StoreError, Tx
+from store.base import AdmissionInDoubt, CommitUnknown, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
-from store.reads import lock_resource
-from store.rows import effect_record, idempotency_record, lease_record, response_meta
+from store.reads import admission_records, lock_resource
+from store.rows import effect_record, response_meta
 from store.steps import apply_event
 from store.types import CAME_BACK, DEFAULT_RETAIN_S, Admitted, NewEffect, Receipt, UnknownKey
 
@@ -84,7 +79,7 @@ class Effects(StorePart):
             assert row is not None  # the query always answers one row
             if row["now"] is not None:  # the time once the lock was held
                 tx.now = float(row["now"])
-            lease, state, existing = _admission_records(row, new.resource, new.idempotency_key)
+            lease, state, existing = admission_records(row, new.resource, new.idempotency_key)
             request = AdmissionRequest(
                 new.resource,
                 new.idempotency_key,
@@ -333,73 +328,6 @@ def _one_statement(plan: Plan) -> bool:
 def _new_effect_id() -> str:
     """Time first, so ids sort by creation and index inserts land on the B-tree's edge."""
     return f"eff_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
-
-
-_LEASE_COLUMNS = (
-    "resource",
-    "epoch",
-    "holder",
-    "granted_at",
-    "expires_at",
-    "ended_at",
-    "end_reason",
-    "client",
-)
-_KEY_COLUMNS = (
-    "fingerprint",
-    "effect_id",
-    "effect_state",
-    "epoch",
-    "expires_at",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "settled_by",
-)
-
-
-def _admission_records(
-    row: Row, resource: str, key: str | None
-) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
-    """The token's lease, and, for a token of this very resource, the resource's state
-    and the key's record, from admission_state's one row."""
-    if row["t_resource"] is None:
-        return None, None, None
-    lease = lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
-    assert lease is not None
-    if lease.resource != resource:
-        return lease, None, None
-    current = None
-    if row["holder"] is not None:
-        current = lease_record({**row, "resource": resource})
-    if current is not None and current.epoch == lease.epoch:
-        lease = current  # the same row, both read under the lock
-    state = ResourceState(
-        resource=resource,
-        epoch=int(row["epoch"] or 0),
-        lease=current,
-        open_effects=tuple(
-            OpenEffect(
-                id=effect_id,
-                state=EffectState(effect_state),
-                epoch=int(epoch),
-                idempotency_key=key,
-                fingerprint=fingerprint,
-            )
-            for effect_id, effect_state, epoch, key, fingerprint in json.loads(row["open_effects"])
-        ),
-        epoch_floor=int(row["epoch_floor"] or 0),
-    )
-    existing = None
-    if row["i_effect_id"] is not None:
-        existing = idempotency_record(
-            {
-                "resource": resource,
-                "key": key,
-                **{name: row[f"i_{name}"] for name in _KEY_COLUMNS},
-            }
-        )
-    return lease, state, existing
 
 
 @dataclass(frozen=True)
