@@ -11,7 +11,7 @@ from typing import Any
 
 from core import fencing, lifecycle
 from core.fencing import AdmissionRequest, Admit, Replay
-from core.lifecycle import Event, Key, Plan
+from core.lifecycle import Event
 from core.records import (
     EffectRecord,
     EffectState,
@@ -24,9 +24,9 @@ from store.base import AdmissionInDoubt, CommitUnknown, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
 from store.reads import admission_records, lock_resource
-from store.rows import effect_record, response_meta
-from store.steps import apply_event
-from store.types import CAME_BACK, DEFAULT_RETAIN_S, Admitted, NewEffect, Receipt, UnknownKey
+from store.rows import effect_record
+from store.steps import apply_event, write_in_one_statement, writes_in_one_statement
+from store.types import CAME_BACK, Admitted, NewEffect, Receipt, UnknownKey
 
 
 class Effects(StorePart):
@@ -252,42 +252,20 @@ class Effects(StorePart):
         reason: str,
         response: StoredResponse | None,
     ) -> Receipt | None:
-        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written as one
-        statement (the `receipt` block); None if the backend has no such block, the plan
-        is not one the block writes, the effect had moved on (a sweep, an operator), or
-        the receipt frees a key another effect under it still needs (`lifecycle.key_heir`):
-        then nothing was written."""
+        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written in one
+        statement (store/steps.py `write_in_one_statement`); None if nothing was written:
+        the plan is not one that statement writes, or it did not write it."""
         plan = lifecycle.plan(
             admitted, event, reason, upstream_status=upstream_status, response=response
         )
-        if plan is None or not _one_statement(plan):
+        if plan is None or not writes_in_one_statement(plan):
             return None
-        kept = plan.response
-        row = await self.connector.statement(
-            "receipt",
-            id=admitted.id,
-            resource=admitted.resource,
-            expected=admitted.state.value,
-            state=plan.state.value,
-            upstream_status=plan.upstream_status,
-            reason=plan.reason,
-            probe_now=plan.probe_now,
-            key_action=plan.key.name.lower(),
-            idempotency_key=admitted.idempotency_key,
-            fingerprint=admitted.fingerprint,
-            epoch=admitted.epoch,
-            default_retain_s=DEFAULT_RETAIN_S,
-            status=kept.status if kept else None,
-            headers=response_meta(kept) if kept else None,
-            body=kept.body if kept else None,
-            key_settled_by=plan.key_settled_by,
-            kind="dispatch",
-            actor=self.instance_id,
-            conclusion=plan.history,
+        now = await write_in_one_statement(
+            self.connector, admitted, plan, "dispatch", self.instance_id
         )
-        if row is None or not row["applied"]:
+        if now is None:
             return None
-        return Receipt(plan.step, plan.effect_after(admitted, float(row["now"])))
+        return Receipt(plan.step, plan.effect_after(admitted, now))
 
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
@@ -313,16 +291,6 @@ class Effects(StorePart):
             return [effect_record(row) for row in await tx.all(query, **params, limit=limit)]
 
         return await self.connector.read(operation)
-
-
-def _one_statement(plan: Plan) -> bool:
-    """Whether the `receipt` block writes this plan: the effect moves, finished at the
-    time of writing, settled by nobody but its receipt, and its key (if any) is kept,
-    freed or committed (a conflict's HOLD, and who holds the key then, need the long
-    way). A receipt on an effect as its admission left it (DISPATCHING) always is."""
-    return (
-        plan.moves and plan.stamps_finished and plan.settled_by is None and plan.key is not Key.HOLD
-    )
 
 
 def _new_effect_id() -> str:
