@@ -46,6 +46,13 @@ def assert_ok(result: RunResult) -> None:
     assert result.ok, result.failure_report()
 
 
+def assert_both_receipt_writers_ran(result: RunResult) -> None:
+    """The store writes a receipt in one statement or step by step (store/steps.py):
+    a run checks the invariants over both."""
+    paths = result.receipts_by_path
+    assert paths["one statement"] > 10 and paths["steps"] > 10, paths
+
+
 def run_id(value: object) -> str:
     return value.value if isinstance(value, Evidence) else str(value)
 
@@ -56,6 +63,7 @@ async def test_sqlite_runs_keep_the_invariants(seed: int, evidence: Evidence) ->
     assert_ok(result)
     assert result.steps_run == SQLITE_STEPS
     assert result.effects > SQLITE_STEPS // 20  # the run did admit and dispatch
+    assert_both_receipt_writers_ran(result)
 
 
 @pytest.mark.parametrize(("seed", "evidence"), POSTGRES_RUNS, ids=run_id)
@@ -65,6 +73,7 @@ async def test_postgres_runs_keep_the_invariants(
     result = await run(RunConfig(seed, POSTGRES_STEPS, "postgres", evidence), pg_module_url)
     assert_ok(result)
     assert result.steps_run == POSTGRES_STEPS
+    assert_both_receipt_writers_ran(result)
 
 
 async def test_a_seed_replays_the_same_run() -> None:
