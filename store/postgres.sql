@@ -524,9 +524,11 @@ ON CONFLICT (resource, key) DO UPDATE SET
     response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- receipt --
--- A receipt decided from the state its admission left, as its own transaction in one
--- statement (migration 0013): applied is false when the effect had moved on, and
--- nothing was written then.
+-- A receipt's plan written as its own transaction in one statement (store/steps.py
+-- `write_in_one_statement`; the function is migration 0020's): applied is false when
+-- the effect had moved on, or its key is another open effect's now, and nothing was
+-- written then. tests/integration/app/test_receipt_paths.py compares what it writes
+-- with what the steps write.
 SELECT * FROM fenceproxy_receipt(
     :store_id, :id, :resource, :expected, :state, :upstream_status, :reason, :probe_now,
     :key_action, :idempotency_key, :fingerprint, :epoch, :default_retain_s,

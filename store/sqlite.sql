@@ -512,9 +512,9 @@ ON CONFLICT (resource, key) DO UPDATE SET
     response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- receipt --
--- A receipt decided from the state its admission left (store/effects.py,
--- _receipt_as_admitted), written as PostgreSQL's fenceproxy_receipt writes it: no row
--- read, no record rebuilt. The connector runs the first statement and the rest only if
+-- A receipt's plan written in one block (store/steps.py `write_in_one_statement`), as
+-- PostgreSQL's fenceproxy_receipt writes it: no row read, no record rebuilt; what the
+-- steps would write (tests/integration/app/test_receipt_paths.py compares the two). The connector runs the first statement and the rest only if
 -- it changed the effect (else nothing was written: the effect had moved on, or the key
 -- it would free is still needed by another open effect under it); :now is the
 -- transaction's time.
