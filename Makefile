@@ -20,11 +20,17 @@ UPSTREAM_PORT ?= 9001
 run: $(STAMP)
 	@$(PY) -m demo.run_example --port $(PORT) --upstream-port $(UPSTREAM_PORT)
 
+# Packages where no function may be above radon's grade C (cyclomatic complexity over
+# 20): `radon cc -s -n D` lists those, and `make lint` fails while it lists any.
+COMPLEXITY_CHECKED := store
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) -m devtools.unasync_client --check
+	@above=$$($(VENV)/bin/radon cc -s -n D $(COMPLEXITY_CHECKED)) && test -z "$$above" \
+		|| { echo "$$above"; echo "above radon's grade C: split these functions"; exit 1; }
 
 # The sync worker client (and its tests) written from the async one
 # (devtools/unasync_client.py): edit client/fenceproxy_client/_async.py, then run this.

@@ -309,8 +309,7 @@ OPERATOR_DECIDES = {
 # -- what an event writes ---------------------------------------------------------------
 # The table says where an event takes an effect; `plan` says what the store writes for
 # it: the effect's row, its key and its history. The stores write the plan and decide
-# nothing (store/steps.py step by step; on PostgreSQL a receipt on an effect as its
-# admission left it in one statement, store/effects.py).
+# nothing (store/steps.py: any plan step by step, or a receipt's in one statement).
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ transaction) and receipts (a dispatch's outcome, as core/lifecycle.py says)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Coroutine
@@ -12,26 +11,22 @@ from typing import Any
 
 from core import fencing, lifecycle
 from core.fencing import AdmissionRequest, Admit, Replay
-from core.lifecycle import Event, Key, Plan
+from core.lifecycle import Event
 from core.records import (
     EffectRecord,
     EffectState,
-    IdempotencyRecord,
-    LeaseRecord,
-    OpenEffect,
     Refusal,
     Rejection,
-    ResourceState,
     StoredResponse,
 )
 from core.send_deadline import in_flight_until
-from store.base import AdmissionInDoubt, CommitUnknown, Row, StoreError, Tx
+from store.base import AdmissionInDoubt, CommitUnknown, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
-from store.reads import lock_resource
-from store.rows import effect_record, idempotency_record, lease_record, response_meta
-from store.steps import apply_event
-from store.types import CAME_BACK, DEFAULT_RETAIN_S, Admitted, NewEffect, Receipt, UnknownKey
+from store.reads import admission_records, lock_resource
+from store.rows import effect_record
+from store.steps import apply_event, write_in_one_statement, writes_in_one_statement
+from store.types import CAME_BACK, Admitted, NewEffect, Receipt, UnknownKey
 
 
 class Effects(StorePart):
@@ -84,7 +79,7 @@ class Effects(StorePart):
             assert row is not None  # the query always answers one row
             if row["now"] is not None:  # the time once the lock was held
                 tx.now = float(row["now"])
-            lease, state, existing = _admission_records(row, new.resource, new.idempotency_key)
+            lease, state, existing = admission_records(row, new.resource, new.idempotency_key)
             request = AdmissionRequest(
                 new.resource,
                 new.idempotency_key,
@@ -257,42 +252,20 @@ class Effects(StorePart):
         reason: str,
         response: StoredResponse | None,
     ) -> Receipt | None:
-        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written as one
-        statement (the `receipt` block); None if the backend has no such block, the plan
-        is not one the block writes, the effect had moved on (a sweep, an operator), or
-        the receipt frees a key another effect under it still needs (`lifecycle.key_heir`):
-        then nothing was written."""
+        """The receipt's plan (core/lifecycle.py) on the effect as admitted, written in one
+        statement (store/steps.py `write_in_one_statement`); None if nothing was written:
+        the plan is not one that statement writes, or it did not write it."""
         plan = lifecycle.plan(
             admitted, event, reason, upstream_status=upstream_status, response=response
         )
-        if plan is None or not _one_statement(plan):
+        if plan is None or not writes_in_one_statement(plan):
             return None
-        kept = plan.response
-        row = await self.connector.statement(
-            "receipt",
-            id=admitted.id,
-            resource=admitted.resource,
-            expected=admitted.state.value,
-            state=plan.state.value,
-            upstream_status=plan.upstream_status,
-            reason=plan.reason,
-            probe_now=plan.probe_now,
-            key_action=plan.key.name.lower(),
-            idempotency_key=admitted.idempotency_key,
-            fingerprint=admitted.fingerprint,
-            epoch=admitted.epoch,
-            default_retain_s=DEFAULT_RETAIN_S,
-            status=kept.status if kept else None,
-            headers=response_meta(kept) if kept else None,
-            body=kept.body if kept else None,
-            key_settled_by=plan.key_settled_by,
-            kind="dispatch",
-            actor=self.instance_id,
-            conclusion=plan.history,
+        now = await write_in_one_statement(
+            self.connector, admitted, plan, "dispatch", self.instance_id
         )
-        if row is None or not row["applied"]:
+        if now is None:
             return None
-        return Receipt(plan.step, plan.effect_after(admitted, float(row["now"])))
+        return Receipt(plan.step, plan.effect_after(admitted, now))
 
     async def effect(self, effect_id: str) -> EffectRecord | None:
         async def operation(tx: Tx) -> EffectRecord | None:
@@ -320,86 +293,9 @@ class Effects(StorePart):
         return await self.connector.read(operation)
 
 
-def _one_statement(plan: Plan) -> bool:
-    """Whether the `receipt` block writes this plan: the effect moves, finished at the
-    time of writing, settled by nobody but its receipt, and its key (if any) is kept,
-    freed or committed (a conflict's HOLD, and who holds the key then, need the long
-    way). A receipt on an effect as its admission left it (DISPATCHING) always is."""
-    return (
-        plan.moves and plan.stamps_finished and plan.settled_by is None and plan.key is not Key.HOLD
-    )
-
-
 def _new_effect_id() -> str:
     """Time first, so ids sort by creation and index inserts land on the B-tree's edge."""
     return f"eff_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
-
-
-_LEASE_COLUMNS = (
-    "resource",
-    "epoch",
-    "holder",
-    "granted_at",
-    "expires_at",
-    "ended_at",
-    "end_reason",
-    "client",
-)
-_KEY_COLUMNS = (
-    "fingerprint",
-    "effect_id",
-    "effect_state",
-    "epoch",
-    "expires_at",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "settled_by",
-)
-
-
-def _admission_records(
-    row: Row, resource: str, key: str | None
-) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
-    """The token's lease, and, for a token of this very resource, the resource's state
-    and the key's record, from admission_state's one row."""
-    if row["t_resource"] is None:
-        return None, None, None
-    lease = lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
-    assert lease is not None
-    if lease.resource != resource:
-        return lease, None, None
-    current = None
-    if row["holder"] is not None:
-        current = lease_record({**row, "resource": resource})
-    if current is not None and current.epoch == lease.epoch:
-        lease = current  # the same row, both read under the lock
-    state = ResourceState(
-        resource=resource,
-        epoch=int(row["epoch"] or 0),
-        lease=current,
-        open_effects=tuple(
-            OpenEffect(
-                id=effect_id,
-                state=EffectState(effect_state),
-                epoch=int(epoch),
-                idempotency_key=key,
-                fingerprint=fingerprint,
-            )
-            for effect_id, effect_state, epoch, key, fingerprint in json.loads(row["open_effects"])
-        ),
-        epoch_floor=int(row["epoch_floor"] or 0),
-    )
-    existing = None
-    if row["i_effect_id"] is not None:
-        existing = idempotency_record(
-            {
-                "resource": resource,
-                "key": key,
-                **{name: row[f"i_{name}"] for name in _KEY_COLUMNS},
-            }
-        )
-    return lease, state, existing
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from core.leasing_advice import Ending, LeaseLife
 from core.records import LeaseRecord, Refusal, ResourceState
 from store.base import Row, Tx
 from store.part import StorePart
-from store.reads import float_or_none, resource_state
+from store.reads import float_or_none, resource_state, tokens_lease
 from store.rows import lease_record
 from store.types import (
     CAME_BACK,
@@ -287,13 +287,8 @@ async def _lease_and_state(
     if lease is None:
         return None, None
     state = await resource_state(tx, lease.resource, lock=True)
-    if state.lease is not None and state.lease.epoch == lease.epoch:
-        lease = state.lease  # read under the lock: a concurrent release or renew shows
-    elif state.epoch < lease.epoch:
-        # Epochs only grow: retention deleted the lease and its resource's row while
-        # this waited for the lock (PostgreSQL). The token names no lease any more.
-        return None, None
-    return lease, state
+    current = tokens_lease(lease, state)
+    return (current, state) if current is not None else (None, None)
 
 
 async def mark_came_back(tx: Tx, lease: LeaseRecord | None, code: str) -> str | None:

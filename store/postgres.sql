@@ -31,9 +31,19 @@ WHERE r.resource = :resource AND r.epoch = 0
 
 -- resource_state --
 -- The highest epoch issued (0 or NULL: never), with the lease granted at that epoch
--- if it was a grant, and the epoch floor.
+-- if it was a grant, the epoch floor, and open_effects: the resource's unsettled
+-- effects, which block it (core/lifecycle.py BLOCKING), in admission order, as a JSON
+-- array of [id, state, epoch, idempotency_key, fingerprint]. The columns of the same
+-- names that fenceproxy_admission_state answers are these (store/rows.py
+-- `resource_state` reads both).
 SELECT :resource::text AS resource, r.epoch, m.epoch_floor,
-       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client,
+       (SELECT COALESCE(json_agg(json_build_array(o.id, o.state, o.epoch,
+                                                  o.idempotency_key, o.fingerprint)
+                                 ORDER BY o.created_at), '[]')::text
+        FROM effects o
+        WHERE o.resource = :resource::text
+          AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')) AS open_effects
 FROM store_meta m
 LEFT JOIN resources r ON r.resource = :resource::text
 LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
@@ -41,12 +51,6 @@ LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
 -- lease_by_token --
 SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client
 FROM leases WHERE token_hash = :token_hash
-
--- effects_in_doubt --
--- The resource's unsettled effects, which block it (core/lifecycle.py BLOCKING).
-SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
-WHERE resource = :resource AND state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
-ORDER BY created_at
 
 -- set_resource_epoch --
 INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
@@ -495,8 +499,8 @@ ORDER BY granted_at DESC LIMIT :limit
 -- admission_state --
 -- Everything an admission decides on, in one round trip, read once the resource's
 -- row lock is held (see migration 0013 for why a function): columns t_* are the
--- token's lease, then resource_state's, open_effects is effects_in_doubt as a JSON
--- array of [id, state, epoch, idempotency_key, fingerprint], i_* the key's record.
+-- token's lease, then resource_state's (its open_effects included), i_* the key's
+-- record: store/reads.py `admission_records`.
 -- Also the time once the lock was held, and the store id.
 SELECT * FROM fenceproxy_admission_state(:token_hash, :resource, :key)
 
@@ -520,9 +524,11 @@ ON CONFLICT (resource, key) DO UPDATE SET
     response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- receipt --
--- A receipt decided from the state its admission left, as its own transaction in one
--- statement (migration 0013): applied is false when the effect had moved on, and
--- nothing was written then.
+-- A receipt's plan written as its own transaction in one statement (store/steps.py
+-- `write_in_one_statement`; the function is migration 0020's): applied is false when
+-- the effect had moved on, or its key is another open effect's now, and nothing was
+-- written then. tests/integration/app/test_receipt_paths.py compares what it writes
+-- with what the steps write.
 SELECT * FROM fenceproxy_receipt(
     :store_id, :id, :resource, :expected, :state, :upstream_status, :reason, :probe_now,
     :key_action, :idempotency_key, :fingerprint, :epoch, :default_retain_s,

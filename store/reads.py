@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.records import EffectState, OpenEffect, ResourceState
+from core.records import IdempotencyRecord, LeaseRecord, ResourceState
+from store import rows
 from store.base import Row, Tx
-from store.rows import lease_record
 
 
 def float_or_none(value: Any) -> float | None:
@@ -23,25 +23,63 @@ async def resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
         await lock_resource(tx, resource)
     row = await tx.one("resource_state", resource=resource)
     assert row is not None  # the query always answers one row
-    epoch = int(row["epoch"] or 0)
-    lease = lease_record(row) if row["holder"] is not None else None
-    open_effects = tuple(
-        OpenEffect(
-            id=r["id"],
-            state=EffectState(r["state"]),
-            epoch=int(r["epoch"]),
-            idempotency_key=r["idempotency_key"],
-            fingerprint=r["fingerprint"],
+    return rows.resource_state(row, resource)
+
+
+def admission_records(
+    row: Row, resource: str, key: str | None
+) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
+    """The token's lease, and, for a token of this very resource, the resource's state
+    and the key's record, from admission_state's one row: its t_* columns are
+    lease_by_token's, its own resource_state's, its i_* idempotency_record's."""
+    if row["t_resource"] is None:
+        return None, None, None
+    lease = rows.lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
+    assert lease is not None
+    if lease.resource != resource:
+        return lease, None, None
+    state = rows.resource_state(row, resource)
+    existing = None
+    if row["i_effect_id"] is not None:
+        existing = rows.idempotency_record(
+            {"resource": resource, "key": key, **{name: row[f"i_{name}"] for name in _KEY_COLUMNS}}
         )
-        for r in await tx.all("effects_in_doubt", resource=resource)
-    )
-    return ResourceState(
-        resource=resource,
-        epoch=epoch,
-        lease=lease,
-        open_effects=open_effects,
-        epoch_floor=int(row["epoch_floor"] or 0),
-    )
+    return tokens_lease(lease, state), state, existing
+
+
+def tokens_lease(lease: LeaseRecord, state: ResourceState) -> LeaseRecord | None:
+    """The lease a token names, as its resource's state (read under the lock) shows it:
+    a concurrent renew or release shows. None: epochs only grow, so a resource whose
+    epoch is below the lease's lost both to retention while this waited for the lock
+    (PostgreSQL), and the token names no lease any more."""
+    if state.lease is not None and state.lease.epoch == lease.epoch:
+        return state.lease
+    if state.epoch < lease.epoch:
+        return None
+    return lease
+
+
+_LEASE_COLUMNS = (
+    "resource",
+    "epoch",
+    "holder",
+    "granted_at",
+    "expires_at",
+    "ended_at",
+    "end_reason",
+    "client",
+)
+_KEY_COLUMNS = (
+    "fingerprint",
+    "effect_id",
+    "effect_state",
+    "epoch",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "settled_by",
+)
 
 
 async def lock_resource(tx: Tx, resource: str) -> None:

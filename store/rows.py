@@ -13,6 +13,8 @@ from core.records import (
     EffectState,
     IdempotencyRecord,
     LeaseRecord,
+    OpenEffect,
+    ResourceState,
     StoredResponse,
 )
 from store.base import Row
@@ -30,6 +32,30 @@ def lease_record(row: Row | None) -> LeaseRecord | None:
         ended_at=row["ended_at"],
         end_reason=row["end_reason"],
         client=row["client"],
+    )
+
+
+def resource_state(row: Row, resource: str) -> ResourceState:
+    """The columns resource_state and admission_state share: the highest epoch issued
+    (NULL or 0: never), the lease granted at it (NULL holder: none), the epoch floor, and
+    `open_effects`, the resource's BLOCKING effects in admission order as a JSON array
+    of [id, state, epoch, idempotency_key, fingerprint] (one column, not a query of its
+    own: a round trip fewer)."""
+    return ResourceState(
+        resource=resource,
+        epoch=int(row["epoch"] or 0),
+        lease=lease_record({**row, "resource": resource}) if row["holder"] is not None else None,
+        open_effects=tuple(
+            OpenEffect(
+                id=effect_id,
+                state=EffectState(state),
+                epoch=int(epoch),
+                idempotency_key=key,
+                fingerprint=fingerprint,
+            )
+            for effect_id, state, epoch, key, fingerprint in json.loads(row["open_effects"])
+        ),
+        epoch_floor=int(row["epoch_floor"] or 0),
     )
 
 

@@ -12,9 +12,19 @@
 
 -- resource_state --
 -- The highest epoch issued (NULL: never), with the lease granted at that epoch if it
--- was a grant (a revocation advances the epoch without one), and the epoch floor.
+-- was a grant (a revocation advances the epoch without one), the epoch floor, and
+-- open_effects: the resource's unsettled effects, which block it (core/lifecycle.py
+-- BLOCKING), in admission order, as a JSON array of [id, state, epoch, idempotency_key,
+-- fingerprint]. admission_state's columns of the same names are these (store/rows.py
+-- `resource_state` reads both).
 SELECT :resource AS resource, r.epoch, m.epoch_floor,
-       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client
+       l.holder, l.granted_at, l.expires_at, l.ended_at, l.end_reason, l.client,
+       (SELECT json_group_array(json_array(o.id, o.state, o.epoch, o.idempotency_key,
+                                           o.fingerprint))
+        FROM (SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
+              WHERE resource = :resource
+                AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
+              ORDER BY created_at) AS o) AS open_effects
 FROM store_meta m
 LEFT JOIN resources r ON r.resource = :resource
 LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
@@ -22,12 +32,6 @@ LEFT JOIN leases l ON l.resource = r.resource AND l.epoch = r.epoch
 -- lease_by_token --
 SELECT resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client
 FROM leases WHERE token_hash = :token_hash
-
--- effects_in_doubt --
--- The resource's unsettled effects, which block it (core/lifecycle.py BLOCKING).
-SELECT id, state, epoch, idempotency_key, fingerprint FROM effects
-WHERE resource = :resource AND (state = 'DISPATCHING' OR state = 'UNKNOWN' OR state = 'CONFLICTING')
-ORDER BY created_at
 
 -- set_resource_epoch --
 INSERT INTO resources (resource, epoch) VALUES (:resource, :epoch)
@@ -465,10 +469,9 @@ ORDER BY granted_at DESC LIMIT :limit
 
 -- admission_state --
 -- Everything an admission decides on, in one statement (the file's write lock is
--- already held): columns t_* are the token's lease, then resource_state's,
--- open_effects is effects_in_doubt as a JSON array of [id, state, epoch,
--- idempotency_key, fingerprint], i_* the key's record. The time and the store id are
--- the connector's own here (NULL).
+-- already held): columns t_* are the token's lease, then resource_state's (its
+-- open_effects included), i_* the key's record: store/reads.py `admission_records`.
+-- The time and the store id are the connector's own here (NULL).
 SELECT NULL AS now, NULL AS store_id,
        t.resource AS t_resource, t.epoch AS t_epoch, t.holder AS t_holder,
        t.granted_at AS t_granted_at, t.expires_at AS t_expires_at, t.ended_at AS t_ended_at,
@@ -509,9 +512,9 @@ ON CONFLICT (resource, key) DO UPDATE SET
     response_status = NULL, response_headers = NULL, response_body = NULL, settled_by = NULL
 
 -- receipt --
--- A receipt decided from the state its admission left (store/effects.py,
--- _receipt_as_admitted), written as PostgreSQL's fenceproxy_receipt writes it: no row
--- read, no record rebuilt. The connector runs the first statement and the rest only if
+-- A receipt's plan written in one block (store/steps.py `write_in_one_statement`), as
+-- PostgreSQL's fenceproxy_receipt writes it: no row read, no record rebuilt; what the
+-- steps would write (tests/integration/app/test_receipt_paths.py compares the two). The connector runs the first statement and the rest only if
 -- it changed the effect (else nothing was written: the effect had moved on, or the key
 -- it would free is still needed by another open effect under it); :now is the
 -- transaction's time.

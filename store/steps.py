@@ -1,5 +1,13 @@
 """One lifecycle event written to an effect, its key and its history: what
-core/lifecycle.py's `plan` says, and nothing it does not."""
+core/lifecycle.py's `plan` says, and nothing it does not.
+
+A plan has two writers. `apply_event` writes any plan, statement by statement, inside
+the caller's transaction. `write_in_one_statement` writes a receipt's plan as the
+backend's `receipt` block, a transaction of one statement (on PostgreSQL the
+fenceproxy_receipt function): what the request path pays for a receipt. Both take the
+same `Plan`, and tests/integration/app/test_receipt_paths.py runs every receipt's plan
+the lifecycle table can produce through both, on both backends, and compares the rows
+they leave; the seeded simulation takes both at random."""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ from dataclasses import dataclass
 from core import lifecycle
 from core.lifecycle import Event, Key, Plan, Transition
 from core.records import EffectRecord, StoredResponse
-from store.base import Row, StoreError, Tx
+from store.base import Connector, Row, StoreError, Tx
 from store.reads import locked_effect
 from store.rows import effect_record, response_meta
 from store.types import DEFAULT_RETAIN_S
@@ -59,6 +67,20 @@ async def apply_event(
     )
     if plan is None:
         raise StoreError(f"{event.value} is not allowed on a {before.state.value} effect")
+    after = await _write_plan(tx, before, row, plan, kind, actor, upstream_status)
+    return Step(plan.step, after, plan.moves, plan.key_holder)
+
+
+async def _write_plan(
+    tx: Tx,
+    before: EffectRecord,
+    row: Row,
+    plan: Plan,
+    kind: str,
+    actor: str,
+    upstream_status: int | None,
+) -> EffectRecord:
+    effect_id = before.id
     after = plan.effect_after(before, tx.now)
     if plan.moves:
         changed = await tx.execute(
@@ -77,7 +99,60 @@ async def apply_event(
     await _write_key(tx, before, row, plan)
     if plan.history is not None:
         await insert_event(tx, effect_id, kind, actor, upstream_status, plan.history, plan.reason)
-    return Step(plan.step, after, plan.moves, plan.key_holder)
+    return after
+
+
+def writes_in_one_statement(plan: Plan) -> bool:
+    """Whether the `receipt` block writes this plan: a receipt's (the only events with
+    an answer: the history row states the upstream status the effect's row does, and
+    the time of writing is the effect's finished_at) that moves the effect, settled by
+    nobody but its receipt, its key (if any) kept, freed or committed (a conflict's
+    HOLD, and who holds the key then, need the long way). A receipt on an effect as its
+    admission left it (DISPATCHING) always is."""
+    return (
+        plan.step.answer is not None
+        and plan.moves
+        and plan.settled_by is None
+        and plan.key is not Key.HOLD
+    )
+
+
+async def write_in_one_statement(
+    connector: Connector, before: EffectRecord, plan: Plan, kind: str, actor: str
+) -> float | None:
+    """Write `plan`, planned on `before`, as the `receipt` block: a write transaction of
+    one statement that reads nothing back. The time it was written at; None when
+    nothing was written: the backend has no such block, the effect is no longer in
+    `before.state` (a sweep, an operator), or the plan frees a key another open effect
+    under it still needs (`lifecycle.key_heir`). The caller then writes it with
+    `apply_event`."""
+    assert writes_in_one_statement(plan)
+    kept = plan.response
+    row = await connector.statement(
+        "receipt",
+        id=before.id,
+        resource=before.resource,
+        expected=before.state.value,
+        state=plan.state.value,
+        upstream_status=plan.upstream_status,
+        reason=plan.reason,
+        probe_now=plan.probe_now,
+        key_action=plan.key.name.lower(),
+        idempotency_key=before.idempotency_key,
+        fingerprint=before.fingerprint,
+        epoch=before.epoch,
+        default_retain_s=DEFAULT_RETAIN_S,
+        status=kept.status if kept else None,
+        headers=response_meta(kept) if kept else None,
+        body=kept.body if kept else None,
+        key_settled_by=plan.key_settled_by,
+        kind=kind,
+        actor=actor,
+        conclusion=plan.history,
+    )
+    if row is None or not row["applied"]:
+        return None
+    return float(row["now"])
 
 
 async def _write_key(tx: Tx, effect: EffectRecord, row: Row, plan: Plan) -> None:

@@ -13,7 +13,8 @@ What is called, and what each call stands for:
 | release, revoke        | release(token_hash), revoke(resource, reason)         |
 | admit                  | admit(token_hash, NewEffect)                          |
 | receipt (on time/late) | finish_effect(id, event, status, reason, response,    |
-|                        | resends)                                              |
+|                        | resends, admitted): the effect as admitted for about  |
+|                        | half (one statement), None for the rest (steps)       |
 | sweep                  | recover(None, margin_s)                               |
 | restart                | close(); a new Store, same instance id; open();       |
 |                        | recover(instance_id, margin_s)                        |
@@ -111,6 +112,11 @@ class Receipt:
     state: str
     reason: str
     told: str
+    # The writer it was given: "one statement" (the effect as admitted, which the
+    # request path passes; the store still takes the steps where the statement does
+    # not apply: a key another open effect needs), "steps", or "steps, a resend's"
+    # (a resend's receipt settles the sends it resent too: always the steps).
+    path: str
 
 
 @dataclass(frozen=True)
@@ -403,25 +409,27 @@ class Replica:
         route: Route,
         result: DispatchResult,
         resends: tuple[str, ...],
+        one_statement: bool,
     ) -> Receipt:
-        """The receipt, as proxy/fenced.py `_dispatch_admitted` computes and records it."""
+        """The receipt, as proxy/fenced.py `_dispatch_admitted` computes and records it;
+        without `one_statement`, as if the effect as admitted were not known (the store
+        then writes the receipt step by step)."""
         self.authority.check_drift()
         event, reason = receipt_event(result, route.outcomes)
         stored = None
         upstream_status = result.status if isinstance(result, Answered) else None
         if event is Event.ANSWERED_COMMITTED and upstream_status is not None:
             stored = StoredResponse(upstream_status, (("Content-Type", "application/json"),), b"{}")
+        admitted = self._admitted.pop(effect_id, None) if one_statement else None
+        self._admitted.pop(effect_id, None)
         receipt = await self.store.finish_effect(
-            effect_id,
-            event,
-            upstream_status,
-            reason,
-            stored,
-            resends,
-            self._admitted.pop(effect_id, None),
+            effect_id, event, upstream_status, reason, stored, resends, admitted
         )
         told = _told(receipt.transition.answer, event, receipt.effect.state)
-        return Receipt(_CLAIMED[event].value, reason, told)
+        path = "steps" if admitted is None else "one statement"
+        if resends:
+            path = "steps, a resend's"
+        return Receipt(_CLAIMED[event].value, reason, told, path)
 
     async def sweep(self, margin_s: float) -> list[str]:
         self.authority.check_drift()

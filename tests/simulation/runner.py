@@ -87,6 +87,8 @@ class RunResult:
     # A digest of every step's trace line: equal digests, equal runs (same seed on
     # both backends, or the same seed twice).
     trace_digest: str = ""
+    # Receipts by the writer they were given (driver.Receipt.path).
+    receipts_by_path: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -106,7 +108,9 @@ class RunResult:
             f"seed {c.seed} {c.backend} {c.evidence.value}: {self.steps_run} steps "
             f"+ {self.drain_steps} drain in {self.elapsed_s:.1f}s, cpu {self.cpu_s:.1f}s "
             f"({per:.2f} ms/step; {self.effects} effects, {self.upstream_requests} upstream "
-            f"requests, {self.reads_overtaken} reads overtaken by a write)"
+            f"requests, {self.reads_overtaken} reads overtaken by a write; receipts: "
+            f"{self.receipts_by_path['one statement']} in one statement, "
+            f"{self.receipts_by_path['steps']} step by step)"
         )
         lines = [head]
         for cause, finding in sorted(self.known.items(), key=lambda kv: kv[1].step):
@@ -313,6 +317,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
             policy=sim_policy(),
             replicas={},
             rng=random.Random(f"{config.seed}:{config.evidence.value}"),
+            receipt_paths=random.Random(f"{config.seed}:{config.evidence.value}:receipts"),
         )
         world.replicas = {name: ReplicaState(name, r) for name, r in replicas.items()}
         run_ = Run(config, world, result)
@@ -321,6 +326,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
         result.effects = world.seq
         result.reads_overtaken = checker.reads_overtaken
         result.upstream_requests = upstream.requests
+        result.receipts_by_path = world.receipts_by_path
         result.trace_digest = run_.digest.hexdigest()
         for (resource, key), seqs in sorted(upstream.applied_keys.items()):
             if len(seqs) > 1 and not world.route_of(resource).upstream_idempotent:

@@ -50,6 +50,13 @@ def assert_ok(result: RunResult) -> None:
     assert result.ok, result.failure_report()
 
 
+def assert_both_receipt_writers_ran(result: RunResult) -> None:
+    """The store writes a receipt in one statement or step by step (store/steps.py):
+    a run checks the invariants over both."""
+    paths = result.receipts_by_path
+    assert paths["one statement"] > 10 and paths["steps"] > 10, paths
+
+
 def run_id(value: object) -> str:
     return value.value if isinstance(value, Evidence) else str(value)
 
@@ -61,6 +68,7 @@ async def test_sqlite_runs_keep_the_invariants(seed: int, evidence: Evidence) ->
     assert result.steps_run == SQLITE_STEPS
     assert result.effects > SQLITE_STEPS // 20  # the run did admit and dispatch
     assert result.reads_overtaken > 0  # a write committed in the middle of a read
+    assert_both_receipt_writers_ran(result)
 
 
 @pytest.mark.parametrize(("seed", "evidence"), POSTGRES_RUNS, ids=run_id)
@@ -71,6 +79,7 @@ async def test_postgres_runs_keep_the_invariants(
     assert_ok(result)
     assert result.steps_run == POSTGRES_STEPS
     assert result.reads_overtaken > 0
+    assert_both_receipt_writers_ran(result)
 
 
 async def test_a_seed_replays_the_same_run() -> None:

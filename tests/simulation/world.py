@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -272,6 +272,9 @@ class World:
     policy: Policy
     replicas: dict[str, ReplicaState]
     rng: random.Random
+    # Which writer each receipt is given (store/steps.py has two): drawn apart from
+    # `rng`, so that the choice leaves the rest of a seed's run as it was.
+    receipt_paths: random.Random
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
     tick: int = 0
     step_number: int = 0
@@ -287,6 +290,7 @@ class World:
     # per effect, for each probe recorded: was it asked inside the settle window?
     probe_history: dict[int, list[bool]] = field(default_factory=dict)
     seq: int = 0
+    receipts_by_path: Counter[str] = field(default_factory=Counter)
     step: StepInfo = field(default_factory=lambda: StepInfo(0, "start"))
     reads_rng: random.Random = field(init=False)
 
@@ -775,17 +779,22 @@ class World:
         ids = (d.effect_id, *sorted(d.resends))
         counts = {i: await self.events_if_settled(i) for i in ids}
         was = self.checker.by_id[d.effect_id].state
+        offered = self.receipt_paths.random() < 0.5
         receipt = await self.read_meanwhile(
             d.effect_id,
             d.replica,
-            lambda: replica.driver.finish(d.effect_id, d.route, result, d.resends),
+            lambda: replica.driver.finish(d.effect_id, d.route, result, d.resends, offered),
         )
+        self.receipts_by_path[receipt.path] += 1
         d.recorded = True
         self.pending.remove(d.seq)
         self.step.touched.update(ids)
         self.step.receipts[d.effect_id] = receipt.state
         late = "" if was == tables.DISPATCHING else f" (late: it is {was})"
-        self.note(f"{d.name} receipt via {d.replica}: {receipt.reason} -> {receipt.state}{late}")
+        self.note(
+            f"{d.name} receipt via {d.replica} ({receipt.path}): {receipt.reason} "
+            f"-> {receipt.state}{late}"
+        )
         if receipt.told == "committed":
             self.step.acks.append(Ack(d.seq, d.resource, d.key, "receipt"))
             self.mark_acked(d.resource, d.key)

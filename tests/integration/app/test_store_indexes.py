@@ -75,7 +75,6 @@ def read_queries(now: float) -> dict[str, dict[str, Any]]:
     return {
         "admission_state": {"token_hash": "none", "resource": "seed:r10", "key": some_effect},
         "resource_state": {"resource": "seed:r10"},
-        "effects_in_doubt": {"resource": "seed:r10"},
         "idempotency_record": {"resource": "seed:r10", "key": some_effect},
         "effect": {"id": some_effect},
         "effect_events": {"effect_id": some_effect},
