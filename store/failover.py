@@ -6,7 +6,7 @@ The connector (store/postgres.py) only carries: it hands this watch what each ne
 connection's server answers to the `history` query and what every BEGIN and COMMIT
 message told (`fenceproxy_history_position()`'s notice), and gives it a transaction on
 the very connection that found a loss. What is judged, what is kept, and what recovery
-writes (named queries of postgres_history.sql, and `fence_all`, the function
+writes (named queries of store/postgres_history.sql, and `fence_all`, the function
 `store fence-restore` calls) are decided here.
 """
 

@@ -1,12 +1,12 @@
 -- The PostgreSQL store as it is now: every table, index and function, and the rows a
 -- new store starts with. A new database is created from this file alone (and recorded as
 -- at the latest migration); a store created before is brought here by the migrations in
--- ../migrations/postgresql, which stay as the deltas between versions. A change to the
+-- store/migrations/postgresql, which stay as the deltas between versions. A change to the
 -- schema is an edit of this file and a new migration that makes the same change to an
 -- existing store; tests/integration/app/test_schema_files.py fails while migrating from
 -- the first migration does not end exactly here (every table, column, constraint, index,
--- sequence, trigger and function, and the rows below). The SQLite store's schema/
--- sqlite.sql holds the same records.
+-- sequence, trigger and function, and the rows below). The SQLite store's
+-- store/schema/sqlite.sql holds the same records.
 --
 -- Times are seconds since the Unix epoch as judged by the database's clock
 -- (extract(epoch FROM clock_timestamp()) + store_meta.clock_offset_s).
@@ -59,7 +59,8 @@ VALUES (1, md5(random()::text || clock_timestamp()::text || pg_backend_pid()::te
         extract(epoch FROM now())::float8);
 
 -- The highest epoch issued per resource (0: a row created only to lock it). Every
--- decision about a resource first takes its row's lock (postgres.sql, lock_resource).
+-- decision about a resource first takes its row's lock (store/postgres.sql,
+-- lock_resource).
 CREATE TABLE resources (
     resource TEXT PRIMARY KEY,
     epoch BIGINT NOT NULL CHECK (epoch >= 0)
@@ -306,7 +307,7 @@ BEGIN
 END
 $$;
 
--- The key commit of both receipt paths: the step-by-step one (postgres.sql's
+-- The key commit of both receipt paths: the step-by-step one (store/postgres.sql's
 -- commit_idempotency_key) and fenceproxy_receipt, so that the rule of what a committed
 -- key replays is spelled once. The operation took effect: from now on its key replays
 -- (the response, if one was seen) until p_expires_at, whichever effect of the operation

@@ -1,11 +1,11 @@
 -- The SQLite store as it is now: every table and index, and the rows a new store starts
 -- with. A new file is created from this file alone (and recorded as at the latest
 -- migration); a store created before is brought here by the migrations in
--- ../migrations/sqlite, which stay as the deltas between versions. A change to the
+-- store/migrations/sqlite, which stay as the deltas between versions. A change to the
 -- schema is an edit of this file and a new migration that makes the same change to an
 -- existing store; tests/integration/app/test_schema_files.py fails while migrating from
 -- the first migration does not end exactly here (sqlite_master, normalised, and the
--- rows below). The records are the PostgreSQL store's (schema/postgresql.sql), which
+-- rows below). The records are the PostgreSQL store's (store/schema/postgresql.sql), which
 -- also says what each column means; here times are the proxy's clock, in seconds since
 -- the Unix epoch, and there is no standby, so no history to check.
 
@@ -91,7 +91,7 @@ CREATE TABLE effects (
 -- `state IN (...)`: SQLite evaluates an IN-list predicate of a partial index at a cost of
 -- its own on every row written (measured on 3.40, a receipt's UPDATE of one effect took
 -- 180 µs of CPU with IN, 6 µs with OR). A query uses a partial index only if its WHERE
--- holds the index's predicate as written, so sqlite.sql spells them the same way.
+-- holds the index's predicate as written, so store/sqlite.sql spells them the same way.
 CREATE INDEX effects_by_resource ON effects (resource, created_at);
 CREATE INDEX effects_due_probes ON effects (next_probe_at) WHERE state = 'UNKNOWN';
 CREATE INDEX effects_dispatching ON effects (deadline) WHERE state = 'DISPATCHING';
