@@ -1,5 +1,5 @@
 """Round trips to PostgreSQL per request, as the proxy's connector counts them
-(store/postgres.py RoundTrips, exported as fenceproxy_store_round_trips_total).
+(store/round_trips.py RoundTrips, exported as fenceproxy_store_round_trips_total).
 
 One worker sends requests one at a time, so the counter's rise over them is theirs,
 plus what the proxy's background loops sent meanwhile (the reconciler polls five

@@ -28,7 +28,6 @@ from proxy.auth import (
 from proxy.cli_store import CommandError, policy_and_digest_of
 from proxy.identity import IdentityCheck, default_state_dir, memory_file
 from proxy.runtime import RUNTIME
-from store import check_server
 
 # aiohttp refuses oversized headers with a plain-text 400 before any handler runs;
 # its limits sit above the proxy's own so that clients get a problem+json instead.
@@ -95,8 +94,6 @@ def serve(args: argparse.Namespace) -> int:
     if policy.metrics_listen is not None:
         metrics = policy.metrics_listen
         _check_free(metrics.host, metrics.port, "metrics_listen.port")
-    # Before the banner: a standby or a read-only database is refused, not started on.
-    asyncio.run(check_server(policy.store, policy.store_pool))
     for warning in [exposure_warning(policy), *blank_admin_token_warnings(policy, os.environ)]:
         if warning is not None:
             print(f"fenceproxy: warning: {warning}", file=sys.stderr, flush=True)

@@ -9,7 +9,6 @@ from policies.store_backends import StoreBackend, store_backend
 from store.base import AdmissionInDoubt, CommitUnknown, Connector, StoreError, StoreUnavailable
 from store.manager import Store
 from store.postgres import PostgresConnector
-from store.postgres import check_server as check_postgres_server
 from store.sqlite import SQLiteConnector
 from store.types import (
     CAME_BACK,
@@ -57,14 +56,6 @@ def open_store(url: str, clock: Clock, instance_id: str, pool: StorePool = DEFAU
     return Store(CONNECTORS[backend](url, clock, pool), instance_id)
 
 
-async def check_server(url: str, pool: StorePool) -> None:
-    """Raise a `StoreError` saying why, for a server the store must never write to (a
-    PostgreSQL standby, a read-only database, a transaction pooler with the statement
-    cache on); before `serve` says it started. Nothing to check for SQLite."""
-    if store_backend(url) is StoreBackend.POSTGRESQL:
-        await check_postgres_server(url, pool)
-
-
 __all__ = [
     "CAME_BACK",
     "AdmissionInDoubt",
@@ -83,6 +74,5 @@ __all__ = [
     "StoreIdentity",
     "StoreUnavailable",
     "UnknownKey",
-    "check_server",
     "open_store",
 ]

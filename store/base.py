@@ -51,13 +51,41 @@ class Tx(Protocol):
 Operation = Callable[[Tx], Coroutine[Any, Any, T]]
 
 
+class SchemaTx(Tx, Protocol):
+    """The transaction that creates or migrates the schema (store/schema.py): its named
+    queries, and the schema's own files run whole."""
+
+    async def script(self, sql: str) -> None:
+        """Run a schema file or a migration, its statements in order."""
+        ...
+
+
+SchemaOperation = Callable[[SchemaTx], Coroutine[Any, Any, T]]
+
+
 class Connector(Protocol):
     # The recovery window after lost history, as last read (store/history.py).
     recovery: RecoveryWindow | None
     # What a PostgreSQL primary said of its standbys, as last read (None on SQLite).
     replication: Replication | None
 
-    async def open(self) -> None: ...
+    # The schema files' and the migrations' folder name: "postgresql" or "sqlite".
+    backend: str
+
+    async def open(self) -> None:
+        """Connect; nothing of the schema is read yet (there may be none)."""
+        ...
+
+    async def change_schema(self, operation: SchemaOperation[T]) -> T:
+        """Run `operation` in a write transaction before the store serves: no store id
+        or history is checked (there may be no schema yet) and no statement timeout
+        bounds it (a migration may rewrite whole tables)."""
+        ...
+
+    async def ready(self) -> None:
+        """The schema is current: learn what this store is (its id, its history) before
+        the first operation."""
+        ...
 
     async def close(self) -> None: ...
 

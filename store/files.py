@@ -15,6 +15,7 @@ import asyncpg
 
 from policies.store_backends import StoreBackend, store_backend
 from store.base import StoreError, StoreUnavailable
+from store.queries import load_queries
 from store.sqlite import parse_sqlite_url
 
 
@@ -26,7 +27,8 @@ async def schema_versions(url: str) -> set[int]:
             return set()
         try:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as reader:
-                return {row[0] for row in reader.execute("SELECT version FROM schema_migrations")}
+                applied = load_queries("sqlite.sql")["applied_migrations"]
+                return {row[0] for row in reader.execute(applied)}
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return set()
@@ -36,7 +38,8 @@ async def schema_versions(url: str) -> set[int]:
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"cannot open the PostgreSQL store: {exc}") from exc
     try:
-        return {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+        applied = load_queries("postgres.sql")["applied_migrations"]
+        return {row["version"] for row in await conn.fetch(applied)}
     except asyncpg.UndefinedTableError:
         return set()
     finally:

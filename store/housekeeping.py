@@ -106,7 +106,7 @@ class Housekeeping(StorePart):
 
 async def fence_all(tx: Tx, advance: int, reason: str, at_least: int = 0) -> int:
     """Fence everything issued before, in `tx`: `store fence-restore`, and the recovery
-    after a failover or a restore that lost history (store/postgres.py), are this one
+    after a failover or a restore that lost history (store/failover.py), are this one
     function. Every epoch (and the floor under new resources) is raised `advance` past
     the highest the store knows, or past `at_least` (a floor this process saw on a
     history the database no longer holds) if higher; every lease ends (`reason`). Returns

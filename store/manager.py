@@ -20,6 +20,7 @@ from store.housekeeping import Housekeeping
 from store.instances import Instances
 from store.leases import Leases
 from store.reconciliation import Reconciliation
+from store.schema import open_current
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,11 @@ class Store(Leases, Effects, Reconciliation, Housekeeping, Instances):
     (store/instances.py)."""
 
     async def open(self) -> None:
-        await self.connector.open()
+        """Open the store at the current schema (created or migrated now if need be).
+        A PostgreSQL server it must never write to (a standby, a read-only database, a
+        transaction pooler with the statement cache on) is refused, once, by its
+        connector's open: before `serve` says it started."""
+        await open_current(self.connector)
 
     async def close(self) -> None:
         try:

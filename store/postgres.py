@@ -6,25 +6,28 @@ never both grant a live lease or admit writes under different epochs. Time is
 the database's (`now()` at the start of the transaction), so replicas with
 skewed clocks still agree on when a lease expires.
 
-A fenced request is five round trips (issue 11): its admission is BEGIN, one call
-that locks and reads (`own_clock`: it answers the time and the store id itself),
-one write, COMMIT; its receipt one statement that is its own transaction
-(`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
+A fenced request is five round trips: its admission is BEGIN, one call that locks and
+reads (`own_clock`: it answers the time and the store id itself), one write, COMMIT;
+its receipt one statement that is its own transaction (`statement`). Every round trip
+is counted (store/round_trips.py) for the bench and tests.
 
-Every transaction checks the database's history (store/history.py) in the BEGIN and
-COMMIT messages it sends anyway: a standby in recovery serves none, and a server on
-another timeline than the last seen, or behind the position seen, is recovered from
-(`_recover`, the same fencing as `store fence-restore`) before the transaction runs.
+This connector carries statements and transactions, and nothing of the store's own:
+the schema is created or migrated by store/schema.py (through `change_schema`), and the
+database's history is judged, and recovered from, by the store's `HistoryWatch`
+(store/failover.py). The connector hands it what each new connection's server answers
+and what every BEGIN and COMMIT message told, in the messages it sends anyway; a loss
+is recovered, on the connection that found it, before the transaction runs.
 
 Driver errors are translated here, by what store/sqlstate.py says they mean: nothing
-above the store sees asyncpg.
+above the store sees asyncpg. Every statement is a named query: postgres.sql (the
+store's), postgres_history.sql (the history check's) and postgres_session.sql (this
+connector's own: its clock, the server checks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import re
 from collections.abc import Callable
@@ -34,45 +37,47 @@ import asyncpg
 
 from policies.model import StorePool
 from store import history, sqlstate
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
-from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
-from store.housekeeping import fence_all
-from store.queries import load_migrations, load_queries
-
-log = logging.getLogger("fenceproxy")
+from store.base import (
+    CommitUnknown,
+    Operation,
+    Row,
+    SchemaOperation,
+    StoreError,
+    StoreUnavailable,
+    T,
+    Tx,
+)
+from store.failover import HistoryWatch
+from store.history import RecoveryWindow, Replication
+from store.queries import load_queries
+from store.round_trips import CountingConnection, RoundTrips
 
 # Serialization failures and deadlocks mean "nothing happened, try again".
 RETRIES = 3
-MIGRATION_LOCK = 7431000
 # A migration rewrites whole tables: not bound by store_pool.command_timeout_s.
 MIGRATION_TIMEOUT_S = 24 * 3600.0
-# The authority's clock: the database's, shared by every replica (see store_meta); and,
-# in the same round trip, the store's id, so that every transaction checks it is still
-# talking to the store it opened: a database dropped and created again behind the same
-# URL would hand out epochs from 1 (issue 8, item 5).
-_NOW = (
-    "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
-    " FROM store_meta m, store_identity i"
-)
+QUERY_FILES = ("postgres.sql", "postgres_history.sql", "postgres_session.sql")
 _WAL_REFUSED = (
     asyncpg.InsufficientPrivilegeError,
     asyncpg.FeatureNotSupportedError,
     asyncpg.UndefinedFunctionError,
 )
-# Every transaction's BEGIN and COMMIT messages carry the history check (migration
-# 0018): simple-query messages, which return no rows but deliver the position as a
-# notice, so the check costs no round trip. At BEGIN: judged before the transaction's
-# first statement is sent; on a standby in recovery it raises. In the COMMIT message,
-# just before the COMMIT: this transaction's own id, kept once the COMMIT returned, so
-# that a restore that loses it is found on the next transaction, on any connection.
-_BEGIN = "BEGIN; SELECT fenceproxy_history_position()"
 # A read's statements see one snapshot (REPEATABLE READ; READ COMMITTED would give each
 # statement its own, and an effect read before a probe's receipt could meet the probe's
-# event read after it). Read-only, it never fails to serialize.
+# event read after it). Read-only, it never fails to serialize. The same in
+# postgres_history.sql's begin_checked_read_only.
 _READ_ONLY = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-_BEGIN_READ_ONLY = f"{_READ_ONLY}; SELECT fenceproxy_history_position()"
-_COMMIT = "SELECT fenceproxy_history_position(); COMMIT"
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+Queries = dict[str, tuple[str, list[str]]]
+
+
+def load_positional_queries() -> Queries:
+    """Every named query of this backend, with its parameters numbered for asyncpg."""
+    return {
+        name: to_positional(sql)
+        for filename in QUERY_FILES
+        for name, sql in load_queries(filename).items()
+    }
 
 
 def to_positional(sql: str) -> tuple[str, list[str]]:
@@ -86,49 +91,6 @@ def to_positional(sql: str) -> tuple[str, list[str]]:
         return f"${names.index(name) + 1}"
 
     return _PARAM.sub(number, sql), names
-
-
-class RoundTrips:
-    """Every exchange with the server a connector's connections made: each statement,
-    BEGIN, COMMIT and ROLLBACK (asyncpg sends each as one message and waits for its
-    answer). Not counted: preparing a statement, once per connection per statement
-    (asyncpg caches it), or before every execution with `store_pool.statement_cache`
-    off (one more exchange per statement), and opening connections. Read by the bench
-    and the tests."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
-class CountingConnection(asyncpg.Connection):
-    """A connection that counts its round trips (in `round_trips`, set by its pool's
-    init). Every statement of asyncpg's public API, a transaction's BEGIN and COMMIT
-    included, goes through one of these methods."""
-
-    round_trips: RoundTrips | None = None
-
-    def _count(self) -> None:
-        if self.round_trips is not None:
-            self.round_trips.count += 1
-
-    # The overridden methods' options (timeout, record_class, column) pass through.
-    async def execute(self, query: str, *args: Any, **options: Any) -> str:
-        self._count()
-        result: str = await super().execute(query, *args, **options)
-        return result
-
-    async def fetch(self, query: str, *args: Any, **options: Any) -> list[Any]:
-        self._count()
-        result: list[Any] = await super().fetch(query, *args, **options)
-        return result
-
-    async def fetchrow(self, query: str, *args: Any, **options: Any) -> Any:
-        self._count()
-        return await super().fetchrow(query, *args, **options)
-
-    async def fetchval(self, query: str, *args: Any, **options: Any) -> Any:
-        self._count()
-        return await super().fetchval(query, *args, **options)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -145,7 +107,7 @@ class PostgresTx:
     def __init__(
         self,
         conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
-        queries: dict[str, tuple[str, list[str]]],
+        queries: Queries,
         now: float,
         identify: Callable[[Row], None] | None = None,
     ) -> None:
@@ -179,8 +141,12 @@ class PostgresTx:
         last = status.rsplit(" ", 1)[-1]
         return int(last) if last.isdigit() else 0
 
+    async def script(self, sql: str) -> None:
+        # No parameters: one simple-query message, which may hold many statements.
+        await self._conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
 
-async def check_server(url: str, pool: StorePool) -> None:
+
+async def check_server(url: str, pool: StorePool, queries: Queries) -> None:
     """Refuse, with a `StoreError` that says why, a server this store must not write
     to: a hot standby, a read-only database, or a pooler in transaction mode while
     `store_pool.statement_cache` is on. A server that cannot be reached is not refused
@@ -190,20 +156,17 @@ async def check_server(url: str, pool: StorePool) -> None:
     except sqlstate.FAILURES:
         return
     try:
-        await _refuse_read_only(first)
+        await _refuse_read_only(PostgresTx(first, queries, math.nan))
         if pool.statement_cache:
-            await _refuse_transaction_pooler(url, pool, first)
+            await _refuse_transaction_pooler(url, pool, first, queries)
     except sqlstate.FAILURES:
         return
     finally:
         await _close_probe(first)
 
 
-async def _refuse_read_only(conn: asyncpg.Connection) -> None:
-    row = await conn.fetchrow(
-        "SELECT pg_is_in_recovery() AS standby,"
-        " current_setting('transaction_read_only') = 'on' AS read_only"
-    )
+async def _refuse_read_only(tx: PostgresTx) -> None:
+    row = await tx.one("server_writable")
     assert row is not None
     if row["standby"]:
         raise StoreError(
@@ -230,7 +193,9 @@ async def _probe_connection(url: str, pool: StorePool) -> asyncpg.Connection:
     )
 
 
-async def _refuse_transaction_pooler(url: str, pool: StorePool, first: asyncpg.Connection) -> None:
+async def _refuse_transaction_pooler(
+    url: str, pool: StorePool, first: asyncpg.Connection, queries: Queries
+) -> None:
     """Two client connections open at once have two server backends, unless a pooler
     hands one server connection to each in turn between their transactions: that is
     transaction (or statement) pooling, where asyncpg's named statements collide. A
@@ -238,10 +203,9 @@ async def _refuse_transaction_pooler(url: str, pool: StorePool, first: asyncpg.C
     it never accuses a direct connection or a session pooler."""
     second = await _probe_connection(url, pool)
     try:
+        mine, theirs = PostgresTx(first, queries, math.nan), PostgresTx(second, queries, math.nan)
         for _ in range(POOLER_PROBES):
-            mine = await first.fetchval("SELECT pg_backend_pid()")
-            theirs = await second.fetchval("SELECT pg_backend_pid()")
-            if mine == theirs:
+            if await mine.one("backend_pid") == await theirs.one("backend_pid"):
                 raise StoreError(
                     "the store URL reaches PostgreSQL through a pooler in transaction "
                     "mode (two connections were served by one server backend), where "
@@ -260,24 +224,19 @@ async def _close_probe(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
-def _window(row: Any) -> RecoveryWindow | None:
-    opened = row["recovery_opened_at"]
-    return None if opened is None else RecoveryWindow(float(opened), str(row["recovery_reason"]))
-
-
 class _Heard:
     """The last history position a connection's server told (a notice of
     `fenceproxy_history_position()`), for the one transaction that holds it."""
 
     def __init__(self) -> None:
-        self.position: tuple[Position, Position] | None = None
+        self.position: tuple[history.Position, history.Position] | None = None
 
     def __call__(self, _conn: object, message: Any) -> None:
         told = history.parse_notice(str(message.message))
         if told is not None:
             self.position = told
 
-    def take(self) -> tuple[Position, Position] | None:
+    def take(self) -> tuple[history.Position, history.Position] | None:
         """(to judge, to keep), or None if nothing was told since the last take."""
         told, self.position = self.position, None
         return told
@@ -303,35 +262,42 @@ class _Lost(Exception):
 
 
 class PostgresConnector:
+    backend = "postgresql"
+
     def __init__(self, url: str, pool: StorePool | None = None) -> None:
         self.url = url
         self.pool = pool if pool is not None else StorePool(1, 10)
         self.min_size = self.pool.min_size
         self.max_size = self.pool.max_size
-        queries = {**load_queries("postgres.sql"), **load_queries("postgres_history.sql")}
-        self._queries = {name: to_positional(sql) for name, sql in queries.items()}
+        self._queries = load_positional_queries()
         self._pool: asyncpg.Pool | None = None
         self.round_trips = RoundTrips()
         # The store id seen at open; once a transaction finds another, for good.
         self.store_id: str | None = None
         self.lost: str | None = None
-        # The recovery window as last read from the store (store/history.py).
-        self.recovery: RecoveryWindow | None = None
-        self.replication: Replication | None = None
-        # The newest WAL position this process saw: a later one behind it went back,
-        # one on another timeline is another history.
-        self._seen: Position | None = None
-        # The highest epoch floor this process set or found in a recovery: a recovery on
-        # a database that never saw it (an old primary come back) raises past it.
-        self._floor = 0
-        # Connections opened before the migrations cannot read the history columns.
-        self._migrated = False
-        # False where the WAL functions are refused: transactions are not checked.
-        self._guarded = False
-        self._unchecked_said = False
+        self.history = HistoryWatch()
+        # Connections opened before the schema is current cannot read the history.
+        self._ready = False
+
+    # What the history watch last read (store/base.py Connector).
+    @property
+    def recovery(self) -> RecoveryWindow | None:
+        return self.history.recovery
+
+    @recovery.setter
+    def recovery(self, window: RecoveryWindow | None) -> None:
+        self.history.recovery = window
+
+    @property
+    def replication(self) -> Replication | None:
+        return self.history.replication
+
+    @replication.setter
+    def replication(self, replication: Replication | None) -> None:
+        self.history.replication = replication
 
     async def open(self) -> None:
-        await check_server(self.url, self.pool)
+        await check_server(self.url, self.pool, self._queries)
         try:
             self._pool = await asyncpg.create_pool(
                 self.url,
@@ -343,123 +309,76 @@ class PostgresConnector:
                 command_timeout=self.pool.command_timeout_s,
                 timeout=self.pool.command_timeout_s,
                 connection_class=CountingConnection,
-                init=self._count_round_trips,
+                init=self._connected,
                 reset=_keep_session,
             )
-            await self.migrate()
-            self._migrated = True
-            async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
-                # The connections opened before the migrations are checked here.
-                await self._check_history(conn)
-            self.store_id = await self._pool.fetchval("SELECT store_id FROM store_identity")
-            self.lost = None
         except sqlstate.FAILURES as exc:
             await self.close()
-            raise StoreUnavailable(
-                f"cannot open the PostgreSQL store: {sqlstate.describe(exc)}"
-            ) from exc
+            raise _cannot_open(exc) from exc
 
-    async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
+    async def change_schema(self, operation: SchemaOperation[T]) -> T:
+        if self._pool is None:
+            raise StoreUnavailable("the store is not open")
+        try:
+            acquired = self._pool.acquire(timeout=self.pool.acquire_timeout_s)
+            async with acquired as conn, conn.transaction():
+                return await operation(PostgresTx(conn, self._queries, math.nan))
+        except sqlstate.FAILURES as exc:
+            raise _cannot_open(exc) from exc
+
+    async def ready(self) -> None:
+        if self._pool is None:
+            raise StoreUnavailable("the store is not open")
+        try:
+            self._ready = True
+            async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
+                # The connections opened before the schema was current are checked here.
+                await self._check_history(conn)
+                row = await PostgresTx(conn, self._queries, math.nan).one("store_id")
+            assert row is not None
+            self.store_id = str(row["store_id"])
+            self.lost = None
+        except sqlstate.FAILURES as exc:
+            raise _cannot_open(exc) from exc
+
+    async def _connected(self, conn: asyncpg.Connection) -> None:
         assert isinstance(conn, CountingConnection)
         conn.round_trips = self.round_trips
-        if self._migrated:
+        if self._ready:
             # A new connection may reach another server than the last one did: a
-            # promoted standby behind the same address. Every transaction
-            # checks again (`_begin`); this also reads the store's record and the
-            # replication state.
+            # promoted standby behind the same address. Every transaction checks again
+            # (`_begin`); this also reads the store's record and the replication state.
             await self._check_history(conn)
 
     async def _check_history(
         self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
     ) -> None:
-        """Has the database lost what this store acknowledged? If so, recover at once
-        (raise every epoch, end every lease, open the recovery window) before this
-        connection serves anything; and note the recovery window either way. A standby
-        in recovery is left for its first transaction to refuse (`_begin`)."""
-        before = self._seen  # as in `_begin`
+        """What this connection's server says of its history, for the watch to judge
+        (and recover from, on this connection). A standby in recovery is left for its
+        first transaction to refuse (`_begin`)."""
+        before = self.history.seen
+        statements = PostgresTx(conn, self._queries, math.nan)
         try:
-            row = await conn.fetchrow(self._queries["history"][0])
+            row = await statements.one("history")
         except _WAL_REFUSED as exc:
-            # A role or a service that may not read the WAL position: no check.
-            self._warn_unchecked(exc)
-            row = await conn.fetchrow(self._queries["history_unchecked"][0])
+            self.history.cannot_read_wal(exc)
+            row = await statements.one("history_unchecked")
         except asyncpg.ObjectNotInPrerequisiteStateError:
             return  # recovery is in progress: a standby
         assert row is not None
-        self.recovery = _window(row)
-        self.replication = history.replication_of(dict(row))
-        if row["walfile"] is None:
-            self._guarded = False
-            return
-        self._guarded = True
-        inserted = history.parse_position(row["walfile"], row["inserted"])
-        current = Position(inserted.timeline, inserted.lsn, int(row["next_xid"]))
-        recorded = row["history_timeline"]
-        lost = history.judge(recorded, current, before)
-        if lost is not None:
-            await self._recover(conn, current, lost)
-            return
-        if recorded is None:
-            sql, _ = self._queries["record_history_timeline"]
-            await conn.execute(sql, current.timeline)
-        self._seen = history.advance(
-            self._seen, history.parse_position(row["walfile"], row["flushed"])
-        )
+        await self.history.connected(row, before, statements, self._transaction_on(conn))
 
-    def _warn_unchecked(self, exc: Exception) -> None:
-        if not self._unchecked_said:
-            self._unchecked_said = True
-            log.warning(
-                "the WAL position cannot be read (%s): a failover that lost history "
-                "cannot be detected; after one, run `fenceproxy store fence-restore` and "
-                "restart every replica",
-                exc,
-            )
+    def _transaction_on(
+        self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+    ) -> Callable[[Operation[Any]], Any]:
+        """Runs an operation in a transaction of its own on `conn` (the history watch's
+        recovery, on the server that lost history): its time is the operation's to set."""
 
-    async def _recover(
-        self,
-        conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
-        current: Position,
-        lost: str,
-    ) -> None:
-        """As `store fence-restore` (the same function), in one transaction with the
-        recovery window opened: every epoch past anything the lost history could have
-        issued, every lease ended; unless another replica already recovered on this
-        very server, to floors at least as high as this process saw."""
-        async with conn.transaction():
-            sql, _ = self._queries["history_for_recovery"]
-            row = await conn.fetchrow(sql)
-            assert row is not None
-            server = history.Server(current.timeline, float(row["server_started"]))
-            recorded = None
-            if row["history_timeline"] is not None and row["history_server_started"] is not None:
-                recorded = history.Server(
-                    int(row["history_timeline"]), float(row["history_server_started"])
-                )
-            if history.recovered_on(recorded, server) and int(row["epoch_floor"]) >= self._floor:
-                self.recovery = _window(row)
-                self._floor = int(row["epoch_floor"])
-                self._seen = Position(current.timeline, 0)
-                return
-            tx = PostgresTx(conn, self._queries, float(row["now"]))
-            floor = await fence_all(tx, FAILOVER_EPOCH_ADVANCE, "failover", self._floor)
-            await tx.execute(
-                "record_recovery",
-                timeline=current.timeline,
-                server_started=server.started,
-                now=tx.now,
-                reason=lost,
-            )
-        self.recovery = RecoveryWindow(tx.now, lost)
-        self._floor = floor
-        # Kept again from the next transaction's (flushed, crash-safe) positions.
-        self._seen = Position(current.timeline, 0)
-        log.warning(
-            "the store lost history (%s): every epoch was raised to %d, every lease ended, "
-            "and the recovery window opened",
-            lost,
-            floor,
-        )
+        async def transaction(operation: Operation[Any]) -> Any:
+            async with conn.transaction():
+                return await operation(PostgresTx(conn, self._queries, math.nan))
+
+        return transaction
 
     async def _begin(
         self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard, readonly: bool
@@ -467,14 +386,15 @@ class PostgresConnector:
         """BEGIN, with the history check in the same message: a server in recovery, on
         another timeline than the last one seen, or whose WAL went back, serves nothing
         of this transaction. A loss is recovered at once (`_Lost`: run it again)."""
-        if not self._guarded:
+        if not self.history.checked:
             await conn.execute(_READ_ONLY if readonly else "BEGIN")
             return
-        # Judged against what was seen before the BEGIN was sent: a COMMIT that returns
-        # meanwhile, on another connection, may have been after this server's answer.
-        before = self._seen
+        # What was seen before the BEGIN was sent is what its answer is judged against.
+        before = self.history.seen
         try:
-            await conn.execute(_BEGIN_READ_ONLY if readonly else _BEGIN)
+            await conn.execute(
+                self._queries["begin_checked_read_only" if readonly else "begin_checked"][0]
+            )
         except asyncpg.ObjectNotInPrerequisiteStateError as exc:
             # A standby (recovery is in progress): this connection is not for the store;
             # the pool opens another, to whichever server answers then.
@@ -490,23 +410,19 @@ class PostgresConnector:
         if told is None:
             await self._rollback(conn)
             raise StoreUnavailable("the store's server did not tell its WAL position")
-        current, kept = told
-        lost = history.judge(None, current, before)
-        if lost is None:
-            self._seen = history.advance(self._seen, kept)
+        loss = self.history.opened(told, before)
+        if loss is None:
             return
         await self._rollback(conn)
-        await self._recover(conn, current, lost)
-        raise _Lost(lost)
+        await self.history.recover(self._transaction_on(conn), loss)
+        raise _Lost(loss.reason)
 
     async def _commit(self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard) -> None:
-        if not self._guarded:
+        if not self.history.checked:
             await conn.execute("COMMIT")
             return
-        await conn.execute(_COMMIT)
-        told = heard.take()
-        if told is not None and self._seen is not None and self._seen.timeline == told[1].timeline:
-            self._seen = history.advance(self._seen, told[1])
+        await conn.execute(self._queries["commit_checked"][0])
+        self.history.committed(heard.take())
 
     @staticmethod
     async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
@@ -527,33 +443,7 @@ class PostgresConnector:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-    async def migrate(self) -> list[int]:
-        """Apply missing migrations, one replica at a time; returns the versions applied.
-        All of them in one transaction, under a transaction-level advisory lock: a lock
-        that outlived its transaction would be held by whichever client a pooler in
-        transaction mode gives that server connection to next."""
-        assert self._pool is not None
-        applied_now = []
-        acquired = self._pool.acquire(timeout=self.pool.acquire_timeout_s)
-        async with acquired as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
-                " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-            )
-            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-            for version, name, sql in load_migrations("postgresql"):
-                if version in done:
-                    continue
-                await conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                    version,
-                    name,
-                )
-                applied_now.append(version)
-        return applied_now
+        self._ready = False
 
     async def _transaction(
         self,
@@ -574,10 +464,11 @@ class PostgresConnector:
                         PostgresTx(conn, self._queries, math.nan, self._identify)
                     )
                 else:
-                    row = await conn.fetchrow(_NOW)
-                    self._identify(dict(row) if row is not None else {})
-                    assert row is not None
-                    result = await operation(PostgresTx(conn, self._queries, float(row["now"])))
+                    tx = PostgresTx(conn, self._queries, math.nan, self._identify)
+                    clock = await tx.one("clock")
+                    assert clock is not None
+                    tx.now = float(clock["now"])
+                    result = await operation(tx)
             except BaseException:
                 await self._rollback(conn)
                 raise
@@ -651,7 +542,7 @@ class PostgresConnector:
                 raise StoreUnavailable("the store lost history and recovered; try again") from None
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
                 # The schema is gone under the open pool (the database was recreated),
-                # its functions (migration 0013) with it.
+                # its functions with it.
                 raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except sqlstate.FAILURES as exc:
                 if sqlstate.should_retry(exc):
@@ -664,3 +555,7 @@ class PostgresConnector:
                     ) from exc
                 raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def _cannot_open(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"cannot open the PostgreSQL store: {sqlstate.describe(exc)}")

@@ -549,3 +549,19 @@ FROM store_meta m,
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
 WHERE recovery_opened_at IS NOT NULL
 
+
+-- lock_migrations --
+-- One replica at a time changes the schema (store/schema.py): a transaction-level
+-- advisory lock, since a lock that outlived its transaction would be held by whichever
+-- client a pooler in transaction mode gives that server connection to next.
+SELECT pg_advisory_xact_lock(7431000)
+
+-- create_schema_migrations --
+CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())
+
+-- applied_migrations --
+SELECT version FROM schema_migrations
+
+-- record_migration --
+INSERT INTO schema_migrations (version, name) VALUES (:version, :name)

@@ -49,3 +49,21 @@ FROM store_meta m FOR UPDATE
 -- The recovery window opened, and the server it was made on.
 UPDATE store_meta SET history_timeline = :timeline, history_server_started = :server_started,
     recovery_opened_at = :now, recovery_reason = :reason
+
+-- begin_checked --
+-- Every transaction's BEGIN and COMMIT messages carry the history check
+-- (fenceproxy_history_position()): simple-query messages, which return no rows but
+-- deliver the position as a notice, so the check costs no round trip. At BEGIN: judged
+-- before the transaction's first statement is sent; on a standby in recovery it raises.
+BEGIN; SELECT fenceproxy_history_position()
+
+-- begin_checked_read_only --
+-- A read's statements see one snapshot (REPEATABLE READ: under READ COMMITTED each
+-- statement has its own); read-only, it never fails to serialize.
+BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT fenceproxy_history_position()
+
+-- commit_checked --
+-- In the COMMIT message, just before the COMMIT: this transaction's own id, kept once
+-- the COMMIT returned, so that a restore that loses it is found on the next transaction,
+-- on any connection.
+SELECT fenceproxy_history_position(); COMMIT

@@ -48,9 +48,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
+from store.base import (
+    CommitUnknown,
+    Operation,
+    Row,
+    SchemaOperation,
+    StoreError,
+    StoreUnavailable,
+    T,
+    Tx,
+)
 from store.history import RecoveryWindow, Replication
-from store.queries import load_migrations, load_queries
+from store.queries import load_queries
 
 MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
@@ -127,6 +136,11 @@ class SQLiteTx:
         if last is None:
             return 0
         return self._conn.execute(last, params).rowcount
+
+    async def script(self, sql: str) -> None:
+        # Not executescript(), which commits the transaction first.
+        for statement in _split_statements(sql):
+            self._conn.execute(statement)
 
 
 def _drive(operation: Operation[T], tx: SQLiteTx) -> T:
@@ -342,6 +356,8 @@ def _resolve(batch: list[_Job], outcomes: list[Outcome]) -> None:
 
 
 class SQLiteConnector:
+    backend = "sqlite"
+
     def __init__(self, url: str, clock: Callable[[], float]) -> None:
         self.path, self.synchronous = parse_sqlite_url(url)
         self._clock = clock
@@ -382,10 +398,9 @@ class SQLiteConnector:
             raise StoreUnavailable(f"cannot create {self.path.parent}: {exc}") from exc
         try:
             writer = await self._connect("journal_mode = WAL", f"synchronous = {self.synchronous}")
-            await self._migrate(writer)
             reader = await self._connect("query_only = ON")
             # A read opens (or creates) the -wal file, so that both exist from here on.
-            await reader.execute_fetchall("SELECT count(*) FROM schema_migrations")
+            await reader.execute_fetchall("PRAGMA schema_version")
         except sqlite3.Error as exc:
             await self.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
@@ -430,29 +445,20 @@ class SQLiteConnector:
             raise StoreUnavailable(f"PRAGMA {name} failed: {exc}") from exc
         return rows[0][0] if rows else None  # an unknown pragma answers nothing
 
-    async def _migrate(self, conn: aiosqlite.Connection) -> None:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        applied = {
-            row[0] for row in await conn.execute_fetchall("SELECT version FROM schema_migrations")
-        }
-        for version, name, sql in load_migrations("sqlite"):
-            if version in applied:
-                continue
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _split_statements(sql):
-                    await conn.execute(statement)
-                await conn.execute(
-                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, self._clock())
-                )
-                await conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    await conn.execute("ROLLBACK")
-                raise
+    async def change_schema(self, operation: SchemaOperation[T]) -> T:
+        """A write transaction like any other (BEGIN IMMEDIATE serialises it with every
+        writer), at the connector's clock: its statements, and its scripts, run in the
+        writer's thread."""
+
+        async def schema_operation(tx: Tx) -> T:
+            assert isinstance(tx, SQLiteTx)  # this connector's
+            return await operation(tx)
+
+        return await self.write(schema_operation)
+
+    async def ready(self) -> None:
+        """Nothing to learn: the files' identity is checked on every batch, and there is
+        no history to check."""
 
     def _check_files(self) -> str | None:
         """Why the files are no longer the ones opened, or None; once found, for good."""

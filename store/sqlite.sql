@@ -563,3 +563,17 @@ FROM store_meta
 UPDATE store_meta SET recovery_opened_at = NULL, recovery_reason = NULL
 WHERE recovery_opened_at IS NOT NULL
 
+
+-- lock_migrations --
+-- Nothing to lock: the schema changes in a write transaction (BEGIN IMMEDIATE), which
+-- serialises every writer on the file.
+
+-- create_schema_migrations --
+CREATE TABLE IF NOT EXISTS schema_migrations
+    (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)
+
+-- applied_migrations --
+SELECT version FROM schema_migrations
+
+-- record_migration --
+INSERT INTO schema_migrations VALUES (:version, :name, :now)

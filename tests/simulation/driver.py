@@ -53,7 +53,7 @@ from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
-from store.base import Connector, Operation, Row, T, Tx
+from store.base import Connector, Operation, Row, SchemaOperation, T, Tx
 from store.history import RecoveryWindow, Replication
 from tests.simulation.tables import EventRow, Moment, moment_of
 
@@ -227,11 +227,34 @@ class MidRead:
     def __init__(self, inner: Connector, meanwhile: Meanwhile) -> None:
         self._inner = inner
         self._meanwhile = meanwhile
-        self.recovery: RecoveryWindow | None = inner.recovery
-        self.replication: Replication | None = inner.replication
+        self.backend = inner.backend
+
+    # What the connector learns as it runs (a recovery window, the standbys) is the
+    # inner one's, read through.
+    @property
+    def recovery(self) -> RecoveryWindow | None:
+        return self._inner.recovery
+
+    @recovery.setter
+    def recovery(self, window: RecoveryWindow | None) -> None:
+        self._inner.recovery = window
+
+    @property
+    def replication(self) -> Replication | None:
+        return self._inner.replication
+
+    @replication.setter
+    def replication(self, replication: Replication | None) -> None:
+        self._inner.replication = replication
 
     async def open(self) -> None:
         await self._inner.open()
+
+    async def change_schema(self, operation: SchemaOperation[T]) -> T:
+        return await self._inner.change_schema(operation)
+
+    async def ready(self) -> None:
+        await self._inner.ready()
 
     async def close(self) -> None:
         await self._inner.close()

@@ -19,6 +19,7 @@ import aiosqlite
 import pytest
 
 from store.base import Operation, StoreUnavailable, Tx
+from store.schema import open_current
 from store.sqlite import MAX_BATCH, OperationQueue, OperationSuspended, Outcome, SQLiteConnector
 
 WAIT_S = 10.0
@@ -31,7 +32,7 @@ class Interrupted(BaseException):
 @contextlib.asynccontextmanager
 async def open_connector(path: Path) -> AsyncIterator[SQLiteConnector]:
     connector = SQLiteConnector(f"sqlite:///{path}", lambda: 1000.0)
-    await asyncio.wait_for(connector.open(), WAIT_S)
+    await asyncio.wait_for(open_current(connector), WAIT_S)
     try:
         yield connector
     finally:
@@ -110,7 +111,7 @@ async def test_closing_answers_the_calls_still_queued_and_refuses_new_ones_at_on
 ) -> None:
     path = tmp_path / "fence.db"
     connector = SQLiteConnector(f"sqlite:///{path}", lambda: 1000.0)
-    await asyncio.wait_for(connector.open(), WAIT_S)
+    await asyncio.wait_for(open_current(connector), WAIT_S)
     gate = threading.Event()
 
     async def held(tx: Tx) -> int:

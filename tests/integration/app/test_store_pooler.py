@@ -150,7 +150,7 @@ def test_every_advisory_lock_of_the_store_is_transaction_scoped() -> None:
         if f"{name}(" in path.read_text()
     ]
     assert found == []
-    assert "pg_advisory_xact_lock(" in (PROJECT_ROOT / "store" / "postgres.py").read_text()
+    assert "pg_advisory_xact_lock(" in (PROJECT_ROOT / "store" / "postgres.sql").read_text()
 
 
 async def test_a_full_session_pool_is_store_unavailable_in_command_timeout(pg_url: str) -> None:
