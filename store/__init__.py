@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 from policies.model import StorePool
 from policies.store_backends import StoreBackend, store_backend
-from store.base import AdmissionInDoubt, CommitUnknown, Connector, StoreError, StoreUnavailable
+from store.base import (
+    AdmissionInDoubt,
+    CommitUnknown,
+    Connector,
+    ReleaseRefused,
+    StoreError,
+    StoreUnavailable,
+)
 from store.manager import Store
 from store.postgres import PostgresConnector
 from store.postgres import check_server as check_postgres_server
@@ -77,6 +84,7 @@ __all__ = [
     "Purged",
     "Receipt",
     "RecentLeases",
+    "ReleaseRefused",
     "Replica",
     "Store",
     "StoreError",

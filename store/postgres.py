@@ -32,9 +32,19 @@ from typing import Any
 
 import asyncpg
 
+from core.releases import PEER_WINDOW_S, Peer, contraction_refusal, declared_oldest_release
 from policies.model import StorePool
 from store import history, sqlstate
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
+from store.base import (
+    CommitUnknown,
+    Operation,
+    ReleaseRefused,
+    Row,
+    StoreError,
+    StoreUnavailable,
+    T,
+    Tx,
+)
 from store.history import FAILOVER_EPOCH_ADVANCE, Position, RecoveryWindow, Replication
 from store.housekeeping import fence_all
 from store.queries import load_migrations, load_queries
@@ -322,6 +332,7 @@ class PostgresConnector:
         self._floor = 0
         # Connections opened before the migrations cannot read the history columns.
         self._migrated = False
+        self.instance_id: str | None = None
         # False where the WAL functions are refused: transactions are not checked.
         self._guarded = False
         self._unchecked_said = False
@@ -354,6 +365,9 @@ class PostgresConnector:
             raise StoreUnavailable(
                 f"cannot open the PostgreSQL store: {sqlstate.describe(exc)}"
             ) from exc
+        except BaseException:
+            await self.close()
+            raise
 
     async def _count_round_trips(self, conn: asyncpg.Connection) -> None:
         assert isinstance(conn, CountingConnection)
@@ -542,14 +556,41 @@ class PostgresConnector:
             for version, name, sql in load_migrations("postgresql"):
                 if version in done:
                     continue
+                oldest_release = declared_oldest_release(sql)
+                if oldest_release is not None:
+                    await self._check_contraction(conn, version, name, oldest_release)
                 await conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                 await conn.execute(
                     "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
                     version,
                     name,
                 )
+                if oldest_release is not None:
+                    await conn.execute(
+                        "INSERT INTO schema_contractions (version, name, oldest_release)"
+                        " VALUES ($1, $2, $3)",
+                        version,
+                        name,
+                        oldest_release,
+                    )
                 applied_now.append(version)
         return applied_now
+
+    async def _check_contraction(
+        self, conn: asyncpg.pool.PoolConnectionProxy, version: int, name: str, oldest_release: str
+    ) -> None:
+        """Refuse a contraction while a replica older than it declares is running."""
+        rows = await conn.fetch(
+            "SELECT instance_id, version, oldest_peer FROM replicas, store_meta m"
+            " WHERE seen_at >= extract(epoch FROM clock_timestamp())::float8"
+            " + m.clock_offset_s - $1 AND instance_id IS DISTINCT FROM $2",
+            PEER_WINDOW_S,
+            self.instance_id,
+        )
+        peers = [Peer(r["instance_id"], r["version"], r["oldest_peer"]) for r in rows]
+        refusal = contraction_refusal(version, name, oldest_release, peers)
+        if refusal is not None:
+            raise ReleaseRefused(refusal)
 
     async def _transaction(
         self,

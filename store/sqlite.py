@@ -48,7 +48,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
-from store.base import CommitUnknown, Operation, Row, StoreError, StoreUnavailable, T, Tx
+from core.releases import PEER_WINDOW_S, Peer, contraction_refusal, declared_oldest_release
+from store.base import (
+    CommitUnknown,
+    Operation,
+    ReleaseRefused,
+    Row,
+    StoreError,
+    StoreUnavailable,
+    T,
+    Tx,
+)
 from store.history import RecoveryWindow, Replication
 from store.queries import load_migrations, load_queries
 
@@ -345,6 +355,7 @@ class SQLiteConnector:
     def __init__(self, url: str, clock: Callable[[], float]) -> None:
         self.path, self.synchronous = parse_sqlite_url(url)
         self._clock = clock
+        self.instance_id: str | None = None
         self._queries: Queries = {
             name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
         }
@@ -441,18 +452,40 @@ class SQLiteConnector:
         for version, name, sql in load_migrations("sqlite"):
             if version in applied:
                 continue
+            oldest_release = declared_oldest_release(sql)
             await conn.execute("BEGIN IMMEDIATE")
             try:
+                if oldest_release is not None:
+                    await self._check_contraction(conn, version, name, oldest_release)
                 for statement in _split_statements(sql):
                     await conn.execute(statement)
                 await conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, self._clock())
                 )
+                if oldest_release is not None:
+                    await conn.execute(
+                        "INSERT INTO schema_contractions VALUES (?, ?, ?)",
+                        (version, name, oldest_release),
+                    )
                 await conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
                 raise
+
+    async def _check_contraction(
+        self, conn: aiosqlite.Connection, version: int, name: str, oldest_release: str
+    ) -> None:
+        """Refuse a contraction while a replica older than it declares is running."""
+        rows = await conn.execute_fetchall(
+            "SELECT instance_id, version, oldest_peer FROM replicas"
+            " WHERE seen_at >= ? AND instance_id IS NOT ?",
+            (self._clock() - PEER_WINDOW_S, self.instance_id),
+        )
+        peers = [Peer(str(r[0]), str(r[1]), r[2]) for r in rows]
+        refusal = contraction_refusal(version, name, oldest_release, peers)
+        if refusal is not None:
+            raise ReleaseRefused(refusal)
 
     def _check_files(self) -> str | None:
         """Why the files are no longer the ones opened, or None; once found, for good."""

@@ -1,0 +1,185 @@
+"""A rolling upgrade from the previous release to this checkout and back, under load.
+
+The previous release (releases.toml) is built from its recorded commit
+(tests/upgrades/releases.py). Two replicas of it serve one PostgreSQL store; workers
+keep writing through them (a new Idempotency-Key per write, the same key again until
+an answer says applied, a lease each, renewed before it runs out) to the demo upstream,
+which records every effect in its own SQLite file. The test then follows the procedure of
+docs/how-to/deployment.md ("Upgrades and rollback"), replica by replica: out of
+rotation, stopped, the other release started in its place, ready, back in rotation;
+the new release's migrations are applied by its first start while a replica of the
+previous one goes on serving beside it. Then the same downwards (the rollback the
+CHANGELOG allows). The upstream's own records are judged (tests/nemesis/judge.py: no
+key applied twice, no stale epoch, no epoch written by two holders, no write answered
+applied that the upstream lacks), and every answer a worker got must be one the
+procedure documents: applied (it says a worker sees no error from it).
+
+`make upgrade-test` runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.integration.replicas.conftest import Api, Fleet, Proxy, call, client_session
+from tests.nemesis.harness import Cluster, History, Worker, read_records
+from tests.nemesis.judge import Told, judge
+from tests.upgrades.releases import installed, previous_release, this_version
+
+pytestmark = pytest.mark.timeout(600)
+
+REPLICAS = 2
+WORKERS = 3
+TTL_S = 10.0
+UPSTREAM_TIMEOUT_S = 2.0
+# Writes each replica must answer applied in each mixed state before the next step.
+WRITES_PER_STEP = 10
+STEP_TIMEOUT_S = 60.0
+SETTLE_S = 30.0
+# What the procedure documents that a worker sees: nothing but applied (a replica is
+# out of rotation before it stops, and what it is still forwarding finishes within
+# `serve --grace`).
+DOCUMENTED = frozenset({Told.APPLIED})
+
+
+async def drive(worker: Worker, cluster: Cluster, stop: asyncio.Event) -> None:
+    """Write until `stop`: each key until applied, through the replicas in rotation."""
+    turn = 0
+    while not stop.is_set():
+        live = [i for i in range(len(cluster.replicas)) if i not in cluster.down]
+        replica = live[turn % len(live)]
+        turn += 1
+        lease = worker.lease
+        if lease is not None and lease.expires_at - time.monotonic() < TTL_S / 2:
+            await worker.renew(replica)
+        if not worker.pending:
+            key = f"{worker.name}-{worker.written}"
+            worker.written += 1
+            worker.pending[key] = worker.targets[0]
+        told = await worker.send(next(iter(worker.pending)), replica)
+        if told is not Told.APPLIED:
+            await asyncio.sleep(0.1)
+
+
+async def applied_through(history: History, replica: str, since: int) -> int:
+    return sum(
+        1
+        for attempt in history.attempts[since:]
+        if attempt.replica == replica and attempt.told is Told.APPLIED
+    )
+
+
+async def serve_together(history: History, names: list[str], what: str) -> None:
+    """Until each replica in `names` has answered WRITES_PER_STEP writes applied."""
+    since = len(history.attempts)
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while True:
+        counts = {name: await applied_through(history, name, since) for name in names}
+        if all(count >= WRITES_PER_STEP for count in counts.values()):
+            history.note(f"STEP {what}: applied through {counts}")
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: after {STEP_TIMEOUT_S:g} s, applied through {counts}")
+        await asyncio.sleep(0.1)
+
+
+async def versions(api: Api, replicas: list[Proxy]) -> list[str]:
+    """The version each replica says it runs (its status)."""
+    found = []
+    admin = {"Authorization": f"Bearer {api.fleet.admin_token}"}
+    for proxy in replicas:
+        answer = await call(api.session, "GET", f"{proxy.url}/_fence/v1/status", headers=admin)
+        assert answer.status == 200, answer
+        found.append(answer.body["instance"]["version"])
+    return found
+
+
+async def migrations(store_url: str) -> set[int]:
+    conn = await asyncpg.connect(store_url)
+    try:
+        return {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+    finally:
+        await conn.close()
+
+
+async def replace(
+    fleet: Fleet, cluster: Cluster, history: History, index: int, command: Path | None
+) -> None:
+    """Steps 4-6 of the procedure for one replica: out of rotation, stopped, the other
+    release started in its place (same instance id, port and policy), ready, back."""
+    old = cluster.replicas[index]
+    cluster.down.add(index)
+    history.note(f"STEP r{index} out of rotation, stopping")
+    await asyncio.to_thread(old.process.terminate)
+    proxy = fleet.spawn_proxy(old.name, old.config_path, old.port, command=command)
+    await asyncio.to_thread(fleet.wait_ready, proxy)
+    cluster.replicas[index] = proxy
+    cluster.down.discard(index)
+    history.note(f"STEP r{index} back in rotation on {command or 'this checkout'}")
+
+
+async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet) -> None:
+    previous = previous_release()
+    current = this_version()
+    old_command = await asyncio.to_thread(installed, previous)
+    fleet.start_upstream()
+    replicas = []
+    for number in range(REPLICAS):
+        path, port = fleet.write_config(f"r{number}", pg_url, timeout_s=UPSTREAM_TIMEOUT_S)
+        replicas.append(fleet.spawn_proxy(f"r{number}", path, port, command=old_command))
+    await asyncio.to_thread(fleet.wait_ready, *replicas)
+    before = await migrations(pg_url)
+    cluster = Cluster(fleet, replicas, None)
+    history = History()
+    names = [f"r{number}" for number in range(REPLICAS)]
+    async with client_session() as session:
+        api = Api(session, fleet)
+        assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
+        workers = [
+            Worker(f"w{n}", (), [f"u{n}"], TTL_S, cluster, session, history)
+            for n in range(WORKERS)
+        ]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(drive(worker, cluster, stop)) for worker in workers]
+        try:
+            await serve_together(history, names, f"all on {previous.version}")
+            # The upgrade, replica by replica.
+            for index in range(REPLICAS):
+                await replace(fleet, cluster, history, index, None)
+                if index == 0:
+                    # The new release migrated the store at its first start; the previous
+                    # release serves beside it on the migrated schema.
+                    assert await migrations(pg_url) > before
+                    assert await versions(api, cluster.replicas) == [current, previous.version]
+                await serve_together(history, names, f"r{index} upgraded")
+            assert await versions(api, cluster.replicas) == [current] * REPLICAS
+            # The rollback, replica by replica: the migrations stay (expansions).
+            for index in range(REPLICAS):
+                await replace(fleet, cluster, history, index, old_command)
+                await serve_together(history, names, f"r{index} rolled back")
+            assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        deadline = time.monotonic() + SETTLE_S
+        await asyncio.gather(*(worker.settle(deadline) for worker in workers))
+    unresolved = {key for worker in workers for key in worker.pending}
+    await asyncio.to_thread(fleet.stop_proxies)
+    applied, arrivals = read_records(fleet.tmp_path / "upstream.db")
+    violations = judge(applied, arrivals, history.grants, history.attempts)
+    answers = Counter(
+        (attempt.told.value, attempt.status, attempt.code) for attempt in history.attempts
+    )
+    report = f"answers {dict(answers)}; upstream effects {len(applied)}\n{history.describe()}"
+    print(report.splitlines()[0])
+    assert violations == [], f"{violations}\n{report}"
+    assert unresolved == set(), report
+    undocumented = [a for a in history.attempts if a.told not in DOCUMENTED]
+    assert undocumented == [], report
+    assert len(applied) == sum(worker.written for worker in workers), report
