@@ -142,8 +142,7 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
         api = Api(session, fleet)
         assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
         workers = [
-            Worker(f"w{n}", (), [f"u{n}"], TTL_S, cluster, session, history)
-            for n in range(WORKERS)
+            Worker(f"w{n}", (), [f"u{n}"], TTL_S, cluster, session, history) for n in range(WORKERS)
         ]
         stop = asyncio.Event()
         tasks = [asyncio.create_task(drive(worker, cluster, stop)) for worker in workers]
