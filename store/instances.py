@@ -111,7 +111,12 @@ class Instances(StorePart):
     async def check_release(self, release: str) -> None:
         """Raise `ReleaseRefused` if a replica of `release` must not start on this store:
         the schema's floor is above it, or a running replica is one it cannot serve
-        beside (core/releases.py)."""
+        beside (core/releases.py).
+
+        Its row is written first, in a transaction of its own: of two replicas starting
+        at once, the one that reads last sees the other. A refused replica takes its row
+        away, since it does not run."""
+        await self.record_replica(release, 0.0, None, None)
 
         async def operation(tx: Tx) -> str | None:
             contractions = [
@@ -128,6 +133,11 @@ class Instances(StorePart):
 
         refusal = await self.connector.read(operation)
         if refusal is not None:
+
+            async def forget(tx: Tx) -> None:
+                await tx.execute("forget_replica", instance_id=self.instance_id)
+
+            await self.connector.write(forget)
             raise ReleaseRefused(refusal)
 
     async def replicas(self, within_s: float, limit: int = MAX_REPLICAS) -> tuple[Replica, ...]:

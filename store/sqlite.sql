@@ -449,6 +449,10 @@ ON CONFLICT (instance_id) DO UPDATE SET
 SELECT instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at, policy_digest
 FROM replicas WHERE seen_at >= :since ORDER BY seen_at DESC LIMIT :limit
 
+-- forget_replica --
+-- A replica refused at its start (core/releases.py) does not run: its row goes.
+DELETE FROM replicas WHERE instance_id = :instance_id
+
 -- replicas_running --
 -- The other instances that wrote their row since :since: the peers a starting replica
 -- must be able to serve beside (core/releases.py).

@@ -46,6 +46,8 @@ SETTLE_S = 30.0
 # out of rotation before it stops, and what it is still forwarding finishes within
 # `serve --grace`).
 DOCUMENTED = frozenset({Told.APPLIED})
+# What a replica's log must not say during the whole procedure.
+TROUBLE = (" WARNING ", " ERROR ", " CRITICAL ", "Traceback")
 
 
 async def drive(worker: Worker, cluster: Cluster, stop: asyncio.Event) -> None:
@@ -182,3 +184,12 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
     undocumented = [a for a in history.attempts if a.told not in DOCUMENTED]
     assert undocumented == [], report
     assert len(applied) == sum(worker.written for worker in workers), report
+    # Each release ran without a fault of its own beside the other, background work
+    # included (a beat, a sweep, a refusal count that fails is logged, not answered).
+    for proxy in fleet.proxies:
+        troubles = [
+            line
+            for line in proxy.process.log_path.read_text(encoding="utf-8").splitlines()
+            if any(level in line for level in TROUBLE)
+        ]
+        assert troubles == [], f"{proxy.process.name}: {troubles}"

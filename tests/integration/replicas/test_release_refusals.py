@@ -101,13 +101,20 @@ async def test_a_replica_gone_for_longer_than_the_window_does_not_stop_a_start(
         await store.open()
         try:
             await store.check_release("0.2.0")
+            # Written before it looked: a replica starting at the same moment sees it.
+            row = await conn.fetchrow(
+                "SELECT version, oldest_peer FROM replicas WHERE instance_id = 'replica-new'"
+            )
+            assert row is not None
+            assert (row["version"], row["oldest_peer"]) == ("0.2.0", OLDEST_PEER)
             await add_replica(conn, "replica-back", "0.0.9", None, 1.0)
             with pytest.raises(ReleaseRefused, match="replica-back"):
                 await store.check_release("0.2.0")
-            # Its own row, from its last life on an older release, is no peer.
-            await add_replica(conn, "replica-new", "0.0.9", None, 1.0)
-            await conn.execute("DELETE FROM replicas WHERE instance_id = 'replica-back'")
-            await store.check_release("0.2.0")
+            # Refused, it does not run: its row is gone.
+            gone = await conn.fetchval(
+                "SELECT count(*) FROM replicas WHERE instance_id = 'replica-new'"
+            )
+            assert gone == 0
         finally:
             await store.close()
     finally:
