@@ -11,11 +11,14 @@ file named `complete` is written into it last, so a build cut short is built aga
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +66,22 @@ def _run(argv: list[str], cwd: Path) -> None:
         )
 
 
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    """One build at a time in this cache (two test runs may start together)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def installed(release: Release) -> Path:
     """The `fenceproxy` command of `release`, built once per commit."""
+    with _building():
+        return _build(release)
+
+
+def _build(release: Release) -> Path:
     venv = CACHE / f"{release.version}-{release.commit}"
     command = venv / "bin" / "fenceproxy"
     complete = venv / "complete"
