@@ -169,8 +169,8 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
                 previous.store_id,
             )
     try:
-        # Before it serves or writes its row: a schema or a running replica this release
-        # cannot work with (core/releases.py).
+        # Before it serves: a schema or a running replica this release cannot work with
+        # (core/releases.py).
         await store.check_release(operations.proxy_version())
     except BaseException:
         await store.close()
