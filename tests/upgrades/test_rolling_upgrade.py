@@ -38,6 +38,8 @@ REPLICAS = 2
 WORKERS = 3
 TTL_S = 10.0
 UPSTREAM_TIMEOUT_S = 2.0
+# Longer than the upstream's timeout: a stopping replica finishes what it forwards.
+SERVE_ARGS = ("--grace", str(UPSTREAM_TIMEOUT_S + 1))
 # Writes each replica must answer applied in each mixed state before the next step.
 WRITES_PER_STEP = 10
 STEP_TIMEOUT_S = 60.0
@@ -50,10 +52,14 @@ DOCUMENTED = frozenset({Told.APPLIED})
 TROUBLE = (" WARNING ", " ERROR ", " CRITICAL ", "Traceback")
 
 
-async def drive(worker: Worker, cluster: Cluster, stop: asyncio.Event) -> None:
-    """Write until `stop`: each key until applied, through the replicas in rotation."""
+async def drive(
+    worker: Worker, cluster: Cluster, stop: asyncio.Event, turns: dict[str, int]
+) -> None:
+    """Write until `stop`: each key until applied, through the replicas in rotation;
+    `turns` counts each worker's requests begun, by which a drain knows it is done."""
     turn = 0
     while not stop.is_set():
+        turns[worker.name] = turn
         live = [i for i in range(len(cluster.replicas)) if i not in cluster.down]
         replica = live[turn % len(live)]
         turn += 1
@@ -110,16 +116,35 @@ async def migrations(store_url: str) -> set[int]:
         await conn.close()
 
 
+async def drain(turns: dict[str, int]) -> None:
+    """Until every worker has begun a request since: none still goes to a replica that
+    left the rotation before (the load balancer's drain)."""
+    before = dict(turns)
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while any(turns[name] == turn for name, turn in before.items()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"workers stuck in one request for {STEP_TIMEOUT_S:g} s: {turns}")
+        await asyncio.sleep(0.02)
+
+
 async def replace(
-    fleet: Fleet, cluster: Cluster, history: History, index: int, command: Path | None
+    fleet: Fleet,
+    cluster: Cluster,
+    history: History,
+    turns: dict[str, int],
+    index: int,
+    command: Path | None,
 ) -> None:
     """Steps 4-6 of the procedure for one replica: out of rotation, stopped, the other
     release started in its place (same instance id, port and policy), ready, back."""
     old = cluster.replicas[index]
     cluster.down.add(index)
+    await drain(turns)
     history.note(f"STEP r{index} out of rotation, stopping")
     await asyncio.to_thread(old.process.terminate)
-    proxy = fleet.spawn_proxy(old.name, old.config_path, old.port, command=command)
+    proxy = fleet.spawn_proxy(
+        old.name, old.config_path, old.port, command=command, serve_args=SERVE_ARGS
+    )
     await asyncio.to_thread(fleet.wait_ready, proxy)
     cluster.replicas[index] = proxy
     cluster.down.discard(index)
@@ -134,7 +159,9 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
     replicas = []
     for number in range(REPLICAS):
         path, port = fleet.write_config(f"r{number}", pg_url, timeout_s=UPSTREAM_TIMEOUT_S)
-        replicas.append(fleet.spawn_proxy(f"r{number}", path, port, command=old_command))
+        replicas.append(
+            fleet.spawn_proxy(f"r{number}", path, port, command=old_command, serve_args=SERVE_ARGS)
+        )
     await asyncio.to_thread(fleet.wait_ready, *replicas)
     before = await migrations(pg_url)
     cluster = Cluster(fleet, replicas, None)
@@ -147,12 +174,13 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
             Worker(f"w{n}", (), [f"u{n}"], TTL_S, cluster, session, history) for n in range(WORKERS)
         ]
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(drive(worker, cluster, stop)) for worker in workers]
+        turns: dict[str, int] = {}
+        tasks = [asyncio.create_task(drive(worker, cluster, stop, turns)) for worker in workers]
         try:
             await serve_together(history, names, f"all on {previous.version}")
             # The upgrade, replica by replica.
             for index in range(REPLICAS):
-                await replace(fleet, cluster, history, index, None)
+                await replace(fleet, cluster, history, turns, index, None)
                 if index == 0:
                     # The new release migrated the store at its first start; the previous
                     # release serves beside it on the migrated schema.
@@ -162,7 +190,7 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
             assert await versions(api, cluster.replicas) == [current] * REPLICAS
             # The rollback, replica by replica: the migrations stay (expansions).
             for index in range(REPLICAS):
-                await replace(fleet, cluster, history, index, old_command)
+                await replace(fleet, cluster, history, turns, index, old_command)
                 await serve_together(history, names, f"r{index} rolled back")
             assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
         finally:
