@@ -5,10 +5,11 @@ The previous release (releases.toml) is built from its recorded commit
 keep writing through them (a new Idempotency-Key per write, the same key again until
 an answer says applied, a lease each, renewed before it runs out) to the demo upstream,
 which records every effect in its own SQLite file. The test then follows the procedure of
-docs/how-to/deployment.md ("Upgrades and rollback"), replica by replica: out of
-rotation, stopped, the other release started in its place, ready, back in rotation;
-the new release's migrations are applied by its first start while a replica of the
-previous one goes on serving beside it. Then the same downwards (the rollback the
+docs/how-to/deployment.md ("Upgrades and rollback"): `fenceproxy status` lists every
+replica on the running release; then replica by replica, out of rotation and drained,
+stopped, the other release started in its place, ready, back in rotation (the new
+release's migrations are applied by its first start while a replica of the previous
+one goes on serving beside it); `fenceproxy status` lists every replica on the new one. Then the same downwards (the rollback the
 CHANGELOG allows). The upstream's own records are judged (tests/nemesis/judge.py: no
 key applied twice, no stale epoch, no epoch written by two holders, no write answered
 applied that the upstream lacks), and every answer a worker got must be one the
@@ -20,6 +21,7 @@ procedure documents: applied (it says a worker sees no error from it).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +29,14 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.integration.replicas.conftest import Api, Fleet, Proxy, call, client_session
+from tests.integration.replicas.conftest import (
+    Api,
+    Fleet,
+    Proxy,
+    call,
+    client_session,
+    eventually,
+)
 from tests.nemesis.harness import Cluster, History, Worker, read_records
 from tests.nemesis.judge import Told, judge
 from tests.upgrades.releases import installed, previous_release, this_version
@@ -108,6 +117,28 @@ async def versions(api: Api, replicas: list[Proxy]) -> list[str]:
     return found
 
 
+async def status_shows(fleet: Fleet, cluster: Cluster, expected: list[str]) -> None:
+    """Until `fenceproxy status` (steps 3 and 7) lists each replica at its expected
+    version: a replica's row is written at its start and on each beat."""
+    wanted = {
+        proxy.instance_id: version
+        for proxy, version in zip(cluster.replicas, expected, strict=True)
+    }
+    listed: dict[str, str] = {}
+
+    async def listed_as_wanted() -> bool:
+        nonlocal listed
+        done = await asyncio.to_thread(
+            fleet.cli, cluster.replicas[0].config_path, "status", "--json"
+        )
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)["replicas"]
+        listed = {row["instance_id"]: row["version"] for row in rows}
+        return listed == wanted
+
+    await eventually(f"fenceproxy status to list {wanted}", listed_as_wanted, STEP_TIMEOUT_S)
+
+
 async def migrations(store_url: str) -> set[int]:
     conn = await asyncpg.connect(store_url)
     try:
@@ -170,6 +201,7 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
     async with client_session() as session:
         api = Api(session, fleet)
         assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
+        await status_shows(fleet, cluster, [previous.version] * REPLICAS)
         workers = [
             Worker(f"w{n}", (), [f"u{n}"], TTL_S, cluster, session, history) for n in range(WORKERS)
         ]
@@ -188,11 +220,13 @@ async def test_rolling_upgrade_and_rollback_under_load(pg_url: str, fleet: Fleet
                     assert await versions(api, cluster.replicas) == [current, previous.version]
                 await serve_together(history, names, f"r{index} upgraded")
             assert await versions(api, cluster.replicas) == [current] * REPLICAS
+            await status_shows(fleet, cluster, [current] * REPLICAS)
             # The rollback, replica by replica: the migrations stay (expansions).
             for index in range(REPLICAS):
                 await replace(fleet, cluster, history, turns, index, old_command)
                 await serve_together(history, names, f"r{index} rolled back")
             assert await versions(api, cluster.replicas) == [previous.version] * REPLICAS
+            await status_shows(fleet, cluster, [previous.version] * REPLICAS)
         finally:
             stop.set()
             await asyncio.gather(*tasks)
