@@ -9,8 +9,8 @@ docs/how-to/deployment.md ("Upgrades and rollback"): `fenceproxy status` lists e
 replica on the running release; then replica by replica, out of rotation and drained,
 stopped, the other release started in its place, ready, back in rotation (the new
 release's migrations are applied by its first start while a replica of the previous
-one goes on serving beside it); `fenceproxy status` lists every replica on the new one. Then the same downwards (the rollback the
-CHANGELOG allows). The upstream's own records are judged (tests/nemesis/judge.py: no
+one goes on serving beside it); `fenceproxy status` lists every replica on the new one.
+Then the same downwards (the rollback the CHANGELOG allows). The upstream's own records are judged (tests/nemesis/judge.py: no
 key applied twice, no stale epoch, no epoch written by two holders, no write answered
 applied that the upstream lacks), and every answer a worker got must be one the
 procedure documents: applied (it says a worker sees no error from it).
