@@ -4,16 +4,19 @@ The previous release (releases.toml) is built from its recorded commit
 (tests/upgrades/releases.py). Two replicas of it serve one PostgreSQL store; workers
 keep writing through them (a new Idempotency-Key per write, the same key again until
 an answer says applied, a lease each, renewed before it runs out) to the demo upstream,
-which records every effect in its own SQLite file. The test then follows the procedure of
-docs/how-to/deployment.md ("Upgrades and rollback"): `fenceproxy status` lists every
+which records every effect in its own SQLite file. The test then follows the procedure
+of docs/how-to/deployment.md ("Upgrades and rollback"): `fenceproxy status` lists every
 replica on the running release; then replica by replica, out of rotation and drained,
 stopped, the other release started in its place, ready, back in rotation (the new
 release's migrations are applied by its first start while a replica of the previous
 one goes on serving beside it); `fenceproxy status` lists every replica on the new one.
-Then the same downwards (the rollback the CHANGELOG allows). The upstream's own records are judged (tests/nemesis/judge.py: no
-key applied twice, no stale epoch, no epoch written by two holders, no write answered
-applied that the upstream lacks), and every answer a worker got must be one the
-procedure documents: applied (it says a worker sees no error from it).
+Then the same downwards (the rollback the CHANGELOG allows).
+
+The upstream's own records are judged (tests/nemesis/judge.py: no key applied twice, no
+stale epoch, no epoch written by two holders, no write answered applied that the
+upstream lacks); every answer a worker got must be one the procedure documents (applied:
+it says a worker sees no error from it); and no replica of either release logs a
+warning or an error.
 
 `make upgrade-test` runs it.
 """
