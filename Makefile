@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unasync docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image
+.PHONY: run test lint unasync docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image upgrade-test
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
 # that its tests run against this checkout's proxy.
@@ -51,6 +51,14 @@ docs: $(STAMP)
 test: export FENCEPROXY_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 test: lint
 	$(VENV)/bin/pytest
+
+# The rolling upgrade from the previous release (releases.toml, built from its commit
+# into .cache/releases/ once) to this checkout and back, under load, on PostgreSQL
+# (tests/upgrades; docs/how-to/deployment.md). `make test` runs it too; about 20 s once
+# the previous release is built, which takes about 30 s more the first time.
+upgrade-test: export FENCEPROXY_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+upgrade-test: $(STAMP)
+	$(VENV)/bin/pytest tests/upgrades -q
 
 bench: $(STAMP)
 	$(PY) -m bench.run
@@ -120,4 +128,4 @@ chaos: $(STAMP)
 		$(foreach backend,$(CHAOS_BACKENDS),--backend $(backend))
 
 clean:
-	rm -rf $(VENV) state dist build site .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) state dist build site .pytest_cache .mypy_cache .ruff_cache .hypothesis .cache

@@ -168,6 +168,13 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
                 "fence-restored since or accepted with --new-store",
                 previous.store_id,
             )
+    try:
+        # Before it serves: a schema or a running replica this release cannot work with
+        # (core/releases.py).
+        await store.check_release(operations.proxy_version())
+    except BaseException:
+        await store.close()
+        raise
     replication = store.replication
     warning = None if replication is None else replication.warning()
     if warning is not None:

@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 from policies.model import StorePool
 from policies.store_backends import StoreBackend, store_backend
-from store.base import AdmissionInDoubt, CommitUnknown, Connector, StoreError, StoreUnavailable
+from store.base import (
+    AdmissionInDoubt,
+    CommitUnknown,
+    Connector,
+    ReleaseRefused,
+    StoreError,
+    StoreUnavailable,
+)
 from store.manager import Store
 from store.postgres import PostgresConnector
 from store.sqlite import SQLiteConnector
@@ -68,6 +75,7 @@ __all__ = [
     "Purged",
     "Receipt",
     "RecentLeases",
+    "ReleaseRefused",
     "Replica",
     "Store",
     "StoreError",

@@ -15,6 +15,11 @@ class StoreError(Exception):
     """The store could not do what was asked; nothing was changed or acknowledged."""
 
 
+class ReleaseRefused(StoreError):
+    """This release must not run on this store beside what is there: the schema's floor,
+    a running replica, or a contraction an older replica still needs (core/releases.py)."""
+
+
 class StoreUnavailable(StoreError):
     """The database did not answer or refused a write (I/O error, lock timeout, gone)."""
 
@@ -68,6 +73,8 @@ class Connector(Protocol):
     recovery: RecoveryWindow | None
     # What a PostgreSQL primary said of its standbys, as last read (None on SQLite).
     replication: Replication | None
+    # The instance this connector speaks for: its own row in `replicas` is no peer.
+    instance_id: str | None
 
     # The schema files' and the migrations' folder name: "postgresql" or "sqlite".
     backend: str

@@ -3,7 +3,8 @@ heartbeats, the clock, and the replicas' rows."""
 
 from __future__ import annotations
 
-from store.base import Tx
+from core.releases import OLDEST_PEER, PEER_WINDOW_S, Contraction, Peer, start_refusal
+from store.base import ReleaseRefused, Tx
 from store.history import RecoveryWindow, Replication, replication_of
 from store.part import StorePart
 from store.reads import float_or_none
@@ -102,9 +103,42 @@ class Instances(StorePart):
                 last_sweep_at=ago(sweep_age_s),
                 last_probe_at=ago(probe_age_s),
                 policy_digest=policy_digest,
+                oldest_peer=OLDEST_PEER,
             )
 
         await self.connector.write(operation)
+
+    async def check_release(self, release: str) -> None:
+        """Raise `ReleaseRefused` if a replica of `release` must not start on this store:
+        the schema's floor is above it, or a running replica is one it cannot serve
+        beside (core/releases.py).
+
+        Its row is written first, in a transaction of its own: of two replicas starting
+        at once, the one that reads last sees the other. A refused replica takes its row
+        away, since it does not run."""
+        await self.record_replica(release, 0.0, None, None)
+
+        async def operation(tx: Tx) -> str | None:
+            contractions = [
+                Contraction(int(row["version"]), str(row["name"]), str(row["oldest_release"]))
+                for row in await tx.all("schema_contractions")
+            ]
+            peers = [
+                Peer(str(row["instance_id"]), str(row["version"]), row["oldest_peer"])
+                for row in await tx.all(
+                    "replicas_running", since=tx.now - PEER_WINDOW_S, instance_id=self.instance_id
+                )
+            ]
+            return start_refusal(release, OLDEST_PEER, contractions, peers)
+
+        refusal = await self.connector.read(operation)
+        if refusal is not None:
+
+            async def forget(tx: Tx) -> None:
+                await tx.execute("forget_replica", instance_id=self.instance_id)
+
+            await self.connector.write(forget)
+            raise ReleaseRefused(refusal)
 
     async def replicas(self, within_s: float, limit: int = MAX_REPLICAS) -> tuple[Replica, ...]:
         """The instances that wrote their row in the last `within_s` seconds."""

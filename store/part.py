@@ -14,6 +14,7 @@ class StorePart:
     def __init__(self, connector: Connector, instance_id: str) -> None:
         self.connector = connector
         self.instance_id = instance_id
+        connector.instance_id = instance_id
         # Every refusal is counted there and written by flush_refusal_counts.
         self.refusals = RefusalRecord(connector, instance_id)
         self.lease_observer: LeaseObserver | None = None

@@ -276,6 +276,7 @@ class PostgresConnector:
         self.store_id: str | None = None
         self.lost: str | None = None
         self.history = HistoryWatch()
+        self.instance_id: str | None = None
         # Connections opened before the schema is current cannot read the history.
         self._ready = False
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from store.base import Connector, SchemaTx
+from core.releases import PEER_WINDOW_S, Peer, contraction_refusal, declared_oldest_release
+from store.base import Connector, ReleaseRefused, SchemaTx
 from store.queries import load_migrations
 
 
@@ -33,12 +34,38 @@ async def migrate(connector: Connector) -> list[int]:
         if not applied:
             await tx.script(schema_file(backend))
         for version, name, sql in missing:
+            oldest_release = declared_oldest_release(sql)
             if applied:
+                if oldest_release is not None:
+                    await refuse_while_needed(tx, connector, version, name, oldest_release)
                 await tx.script(sql)
             await tx.execute("record_migration", version=version, name=name, now=tx.now)
+            if oldest_release is not None:
+                await tx.execute(
+                    "record_contraction", version=version, name=name, oldest_release=oldest_release
+                )
         return [version for version, _, _ in missing]
 
     return await connector.change_schema(operation)
+
+
+async def refuse_while_needed(
+    tx: SchemaTx, connector: Connector, version: int, name: str, oldest_release: str
+) -> None:
+    """A contraction (core/releases.py) is not applied while a replica older than it
+    declares has been seen running: `ReleaseRefused`, naming them."""
+    peers = [
+        Peer(str(row["instance_id"]), str(row["version"]), row["oldest_peer"])
+        for row in await tx.all(
+            "replicas_seen_during_migration",
+            now=tx.now,
+            window_s=PEER_WINDOW_S,
+            instance_id=connector.instance_id,
+        )
+    ]
+    refusal = contraction_refusal(version, name, oldest_release, peers)
+    if refusal is not None:
+        raise ReleaseRefused(refusal)
 
 
 async def open_current(connector: Connector) -> list[int]:

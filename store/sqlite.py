@@ -361,6 +361,7 @@ class SQLiteConnector:
     def __init__(self, url: str, clock: Callable[[], float]) -> None:
         self.path, self.synchronous = parse_sqlite_url(url)
         self._clock = clock
+        self.instance_id: str | None = None
         self._queries: Queries = {
             name: block_statements(sql) for name, sql in load_queries("sqlite.sql").items()
         }

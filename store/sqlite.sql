@@ -440,18 +440,44 @@ ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
 -- record_replica --
 -- The status page's view of this instance (issue 12), from the reconciler's loop.
 INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at,
-                      policy_digest)
+                      policy_digest, oldest_peer)
 VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at,
-        :policy_digest)
+        :policy_digest, :oldest_peer)
 ON CONFLICT (instance_id) DO UPDATE SET
     version = excluded.version, started_at = excluded.started_at, seen_at = excluded.seen_at,
     last_sweep_at = excluded.last_sweep_at, last_probe_at = excluded.last_probe_at,
-    policy_digest = excluded.policy_digest
+    policy_digest = excluded.policy_digest, oldest_peer = excluded.oldest_peer
 
 -- replicas_seen --
 -- The instances that wrote their row since :since (replicas_by_seen), latest first.
 SELECT instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at, policy_digest
 FROM replicas WHERE seen_at >= :since ORDER BY seen_at DESC LIMIT :limit
+
+-- forget_replica --
+-- A replica refused at its start (core/releases.py) does not run: its row goes.
+DELETE FROM replicas WHERE instance_id = :instance_id
+
+-- replicas_running --
+-- The other instances that wrote their row since :since: the peers a starting replica
+-- must be able to serve beside (core/releases.py).
+SELECT instance_id, version, oldest_peer FROM replicas
+WHERE seen_at >= :since AND instance_id <> :instance_id ORDER BY instance_id
+
+-- schema_contractions --
+-- The applied migrations that declared the oldest release able to use the schema.
+SELECT version, name, oldest_release FROM schema_contractions
+
+-- replicas_seen_during_migration --
+-- The other instances that wrote their row in the last :window_s seconds, read while
+-- the schema changes (store/schema.py: a contraction waits for the older ones to go).
+SELECT instance_id, version, oldest_peer FROM replicas
+WHERE seen_at >= :now - :window_s AND instance_id IS NOT :instance_id
+ORDER BY instance_id
+
+-- record_contraction --
+-- A migration that declared the oldest release able to use the schema after it.
+INSERT INTO schema_contractions (version, name, oldest_release)
+VALUES (:version, :name, :oldest_release)
 
 -- unended_leases --
 -- Leases nobody ended yet (live, or expired and not yet taken over), soonest expiry

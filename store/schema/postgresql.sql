@@ -244,9 +244,21 @@ CREATE TABLE replicas (
     seen_at DOUBLE PRECISION NOT NULL,
     last_sweep_at DOUBLE PRECISION,
     last_probe_at DOUBLE PRECISION,
-    policy_digest TEXT
+    policy_digest TEXT,
+    -- The oldest release this replica serves beside (core/releases.py); NULL: a release
+    -- from before that rule.
+    oldest_peer TEXT
 );
 CREATE INDEX replicas_by_seen ON replicas (seen_at);
+
+-- One row per applied migration that declared the oldest release still able to use the
+-- schema (`-- oldest release: X.Y.Z` in its first lines; store/schema.py): the highest
+-- is the schema's floor, below which a release refuses to start (core/releases.py).
+CREATE TABLE schema_contractions (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    oldest_release TEXT NOT NULL
+);
 
 -- A fenced request in five round trips: the admission's read is one call
 -- (fenceproxy_admission_state), the receipt one statement (fenceproxy_receipt). Neither

@@ -14,6 +14,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -89,7 +90,8 @@ def test_the_installed_proxy_runs_outside_the_checkout(installed: Path, tmp_path
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     version = run([str(installed / "fenceproxy"), "--version"], outside)
-    assert version.stdout.strip() == "fenceproxy 0.1.0"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert version.stdout.strip() == f"fenceproxy {project['version']}"
     where = run([str(installed / "python"), "-c", "import proxy; print(proxy.__file__)"], outside)
     assert not where.stdout.strip().startswith(str(ROOT)), where.stdout
     absent = subprocess.run(

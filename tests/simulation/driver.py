@@ -240,6 +240,14 @@ class MidRead:
         self._inner.recovery = window
 
     @property
+    def instance_id(self) -> str | None:
+        return self._inner.instance_id
+
+    @instance_id.setter
+    def instance_id(self, instance_id: str | None) -> None:
+        self._inner.instance_id = instance_id
+
+    @property
     def replication(self) -> Replication | None:
         return self._inner.replication
 

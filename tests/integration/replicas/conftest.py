@@ -219,12 +219,16 @@ class Fleet:
         skew_s: float | None = None,
         env: Mapping[str, str] | None = None,
         serve_args: tuple[str, ...] = (),
+        command: Path | None = None,
     ) -> Proxy:
         """Start a replica (not waiting for it); `skew_s` shifts its process clock, `env`
         adds to its environment (e.g. FENCEPROXY_FAILPOINTS), `serve_args` to its
-        command line (e.g. --port, for replicas sharing one file)."""
+        command line (e.g. --port, for replicas sharing one file), `command` is another
+        release's `fenceproxy` to run instead of this checkout's."""
         serve = ["serve", "--config", str(config_path), "--grace", "1", *serve_args]
-        if skew_s is None:
+        if command is not None:
+            argv = [str(command), *serve]
+        elif skew_s is None:
             argv = [sys.executable, "-m", "proxy.cli", *serve]
         else:
             module = "tests.integration.replicas.skewed_serve"
