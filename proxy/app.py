@@ -18,14 +18,16 @@ from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S
+from core.records import Refusal
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding, operations, reloading, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
-from proxy.problems import ProblemError, http_error_problem, problem
+from proxy.problems import http_error_problem, problem, refusal_response
 from proxy.requests import (
     BODY_TIMEOUT,
+    CLOSE_AFTER_ANSWER,
     check_header_encoding,
     check_header_sizes,
     check_target_size,
@@ -388,7 +390,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         check_target_size(request)
         check_header_sizes(request)
         return await handler(request)
-    except ProblemError as exc:
+    except Refusal as exc:
         await runtime_of(request).record_rejection(
             request,
             exc.code,
@@ -396,9 +398,10 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             resource=exc.context.get("resource"),
             client=exc.context.get("client"),
         )
-        if exc.close:
-            return await _answer_and_close(request, exc.response())
-        response = exc.response()
+        response = refusal_response(exc)
+        if request.get(CLOSE_AFTER_ANSWER):
+            # The body is not coming, or not wanted: draining it would hold the connection.
+            return await _answer_and_close(request, response)
         if exc.code in _HEAD_REFUSALS:
             # As when the head counter refuses it (proxy/connections.py): Connection:
             # close, the unread body read and dropped (aiohttp's lingering), then closed.
@@ -470,19 +473,19 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if not request.raw_path.startswith("/"):
         # An absolute-form target (a client using the proxy as its HTTP_PROXY) or "*"
         # names no route of ours and cannot be forwarded as is: refused before anything.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST, "the request target must be a path (origin-form, /...)"
         )
     check_header_encoding(request.headers)
     stripped = forwarding.strips_meaningful_header(request.headers)
     if stripped is not None:
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"the Connection header names {stripped}, which cannot be removed in transit",
         )
     match = runtime.policy.match(request.method, request.path)
     if match is None:
-        raise ProblemError(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
+        raise Refusal(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
     if match.route.fenced:
         return await fenced.handle(request, match, runtime)
     return await _pass_through(request, match, runtime)

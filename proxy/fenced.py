@@ -22,12 +22,12 @@ from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend, receipt_event
 from core.probing import Conclusion
-from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
+from core.records import EffectRecord, EffectState, IdempotencyRecord, Refusal, StoredResponse
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import failpoints, forwarding
 from proxy.auth import CREDENTIALS
-from proxy.problems import ProblemError, problem, refusal_response
+from proxy.problems import problem, refusal_response
 from proxy.requests import (
     fingerprint,
     idempotency_key,
@@ -48,55 +48,50 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     assert route.resource is not None
     if any(segment in ("", ".", "..") for segment in request.path.split("/")[1:]):
         # One object, one resource: "a/../b", "./b" and "b" must not be fenced apart.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not have empty, '.' or '..' segments",
-            route=route.name,
+            {"route": route.name},
         )
     if "\x00" in request.path:
         # The effect keeps its path (the probe's parameters are read from it), and
         # PostgreSQL's text cannot hold a NUL: refused on every store alike.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not hold a NUL (%00)",
-            route=route.name,
+            {"route": route.name},
         )
     refused = route.resource.refused_value(match.params)
     if refused is not None:
         # A value that holds the template's own separators could pass for another
         # resource's structure, in or out of a client's globs (policies/templates.py).
         name, char = refused
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"path parameter {{{name}}} may not contain {char!r}: it separates the parts "
             f"of resource {route.resource.raw!r}",
-            route=route.name,
-            parameter=name,
+            {"route": route.name, "parameter": name},
         )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, "the path names no valid resource", route=route.name
+        raise Refusal(
+            ErrorCode.INVALID_REQUEST, "the path names no valid resource", {"route": route.name}
         )
     try:
         token = single_header(request, "Fence-Token")
         if token is None:
-            raise ProblemError(
-                ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header"
-            )
+            raise Refusal(ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header")
         if not well_formed(token):
-            raise ProblemError(
-                ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued"
-            )
+            raise Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
         key = idempotency_key(request)
         if key is None and route.idempotency.required:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.MISSING_IDEMPOTENCY_KEY,
                 f"route {route.name} needs an Idempotency-Key header",
             )
         await refuse_unissued_token_before_inviting(request, token, runtime.store)
         body = await read_body(request, route.max_body_bytes)
-    except ProblemError as exc:
+    except Refusal as exc:
         exc.context.update(route=route.name, resource=resource)
         raise
     new = NewEffect(

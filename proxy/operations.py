@@ -1,7 +1,7 @@
 """What an operator can ask of the proxy, written once for the admin API and the CLI.
 
 Each operation takes plain arguments (raw text is validated here, not by the
-caller) and a Store, and returns a typed result or raises `OperationRefused`
+caller) and a Store, and returns a typed result or raises a `Refusal`
 with the `ErrorCode` a client sees. `proxy/control.py` turns a refusal into
 problem+json and `proxy/cli.py` into its one-line message; neither checks
 anything of its own, so the two cannot disagree about what is allowed.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -59,27 +59,8 @@ OUTCOMES = {
 }
 
 
-class OperationRefused(Exception):
-    """An operation that will not be carried out: what the client is told, and why."""
-
-    def __init__(
-        self, code: ErrorCode, detail: str, context: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(detail)
-        # An unknown code is a bug caught where it is raised (ValueError), not later
-        # by a caller that cannot map it to a status or an exit.
-        self.code = ErrorCode(code)
-        self.detail = detail
-        self.context = dict(context or {})
-
-    @classmethod
-    def from_refusal(cls, refusal: Refusal) -> OperationRefused:
-        """The store's own refusals reach the caller as the same error as ours."""
-        return cls(refusal.code, refusal.detail, refusal.context)
-
-
-def _invalid(detail: str) -> OperationRefused:
-    return OperationRefused(ErrorCode.INVALID_REQUEST, detail)
+def _invalid(detail: str) -> Refusal:
+    return Refusal(ErrorCode.INVALID_REQUEST, detail)
 
 
 def _shown(value: str) -> str:
@@ -138,8 +119,8 @@ def outcome(raw: object) -> EffectState:
     return decided
 
 
-def _not_found(effect_id: str) -> OperationRefused:
-    return OperationRefused.from_refusal(reconciliation.no_effect(effect_id))
+def _not_found(effect_id: str) -> Refusal:
+    return reconciliation.no_effect(effect_id)
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -218,7 +199,7 @@ async def probe(
     note = None if reason is None else required_text(reason, "reason")
     result = await reconciliation.probe(store, session, policy, effect_id, actor, note)
     if isinstance(result, Refusal):
-        raise OperationRefused.from_refusal(result)
+        raise result
     return result
 
 
@@ -231,7 +212,7 @@ async def resolve(
     who = required_text(operator, "operator")
     result = await reconciliation.resolve(store, effect_id, settled_as, why, who)
     if isinstance(result, Refusal):
-        raise OperationRefused.from_refusal(result)
+        raise result
     return result
 
 

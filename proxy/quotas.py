@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.quotas import retry_after_s
 from core.records import Refusal
 from proxy.auth import CLIENT
@@ -37,7 +38,7 @@ def over_acquire_rate(runtime: Runtime, subject: str, resource: str) -> Refusal 
     if wait_s == 0:
         return None
     return Refusal(
-        "rate_limited",
+        ErrorCode.RATE_LIMITED,
         f"{subject} is acquiring faster than quotas.acquires_per_s allows "
         f"({quotas.acquires_per_s:g} a second after a burst of {quotas.burst})",
         {"resource": resource, "retry_after_s": retry_after_s(wait_s)},
