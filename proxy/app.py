@@ -20,7 +20,7 @@ from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S
 from core.records import Refusal
 from policies import Policy, RouteMatch
-from proxy import control, fenced, forwarding, operations, reloading, ui
+from proxy import control, fenced, forwarding, operations, periodic, reloading, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
@@ -34,10 +34,11 @@ from proxy.requests import (
     defer_continue,
     read_body,
 )
+from proxy.retention import INTERVAL_S as RETENTION_INTERVAL_S
 from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME, UPSTREAMS, Runtime, Upstreams, runtime_of
 from reconcile import operations as reconciliation
-from reconcile.prober import Reconciler
+from reconcile.prober import POLL_INTERVAL_S, Reconciler
 from store import CommitUnknown, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("fenceproxy")
@@ -236,57 +237,49 @@ async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
-async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
-    async def collect_forever() -> None:
-        while True:
-            try:
-                removed = await app[RUNTIME].store.collect_garbage()
-                if removed:
-                    log.info("removed %d expired idempotency records", removed)
-            except StoreUnavailable as exc:
-                log.warning("idempotency garbage collection failed: %s", exc)
-            except Exception:
-                # The collector must outlive any one failed round.
-                app[RUNTIME].metrics.count_background_failure("collector")
-                log.exception("idempotency garbage collection failed")
-            await asyncio.sleep(GC_INTERVAL_S)
+def _periodic(
+    app: web.Application, name: str, work: Callable[[], Awaitable[object]], interval_s: float
+) -> periodic.Periodic:
+    return periodic.Periodic(name, work, interval_s, app[RUNTIME].metrics.count_background_failure)
 
-    async with _running(collect_forever(), "idempotency-gc"):
+
+async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
+    async def collect() -> None:
+        removed = await app[RUNTIME].store.collect_garbage()
+        if removed:
+            log.info("removed %d expired idempotency records", removed)
+
+    loop = _periodic(app, periodic.COLLECTOR, collect, GC_INTERVAL_S)
+    async with _running(loop.run(), "idempotency-gc"):
         yield
 
 
 async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
     """Write the refusals counted in memory (store/refusals.py) every second; the store
     writes what is left when it closes."""
-
-    async def flush_forever() -> None:
-        while True:
-            await asyncio.sleep(REFUSAL_FLUSH_INTERVAL_S)
-            try:
-                await app[RUNTIME].store.flush_refusal_counts()
-            except StoreUnavailable as exc:
-                log.warning("writing the counted refusals failed: %s", exc)
-            except Exception:
-                app[RUNTIME].metrics.count_background_failure("refusal-counts")
-                log.exception("writing the counted refusals failed")
-
-    async with _running(flush_forever(), "refusal-counts"):
+    loop = _periodic(
+        app,
+        periodic.REFUSAL_COUNTS,
+        app[RUNTIME].store.flush_refusal_counts,
+        REFUSAL_FLUSH_INTERVAL_S,
+    )
+    loop.wait_first = True
+    async with _running(loop.run(), "refusal-counts"):
         yield
 
 
 async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
     collector = RetentionCollector(
-        runtime.store,
-        runtime.policy.retention,
-        on_deleted=runtime.metrics.count_retention,
-        on_failure=lambda: runtime.metrics.count_background_failure("retention"),
+        runtime.store, runtime.policy.retention, on_deleted=runtime.metrics.count_retention
     )
     if not collector.enabled:  # everything is kept forever
         yield
         return
     runtime.retention = collector
-    async with _running(collector.run(), "retention"):
+    loop = _periodic(app, periodic.RETENTION, collector.round, RETENTION_INTERVAL_S)
+    loop.wake = collector.wake
+    async with _running(loop.run(), "retention"):
         yield
 
 
@@ -298,13 +291,14 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         runtime.policy,
         DEADLINE_MARGIN_S,
         on_probe=runtime.metrics.count_probe,
-        on_failure=lambda: runtime.metrics.count_background_failure("reconciler"),
         version=operations.proxy_version(),
         started=runtime.started,
         policy_digest=runtime.policy_digest,
     )
     runtime.reconciler = reconciler
-    async with _running(reconciler.run(), "reconciler"):
+    loop = _periodic(app, periodic.RECONCILER, reconciler.round, POLL_INTERVAL_S)
+    loop.wake = reconciler.wake
+    async with _running(loop.run(), "reconciler"):
         yield
 
 

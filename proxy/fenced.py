@@ -25,7 +25,7 @@ from core.probing import Conclusion
 from core.records import EffectRecord, EffectState, IdempotencyRecord, Refusal, StoredResponse
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
-from proxy import failpoints, forwarding
+from proxy import failpoints, forwarding, periodic
 from proxy.auth import CREDENTIALS
 from proxy.problems import problem, refusal_response
 from proxy.requests import (
@@ -147,9 +147,9 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
 
 
 # After a lost admission answer the store is asked again at once, then, if it does not
-# answer, in the background with pauses growing to this bound until it does.
+# answer, in the background with pauses growing from this one (proxy/periodic.py)
+# until it does.
 UNSENT_RETRY_FIRST_S = 0.2
-UNSENT_RETRY_MAX_S = 10.0
 
 
 async def _settle_lost_admission(
@@ -223,24 +223,22 @@ async def _settle_unsent(runtime: Runtime, lost: AdmissionInDoubt) -> EffectReco
 
 
 async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
-    pause_s = UNSENT_RETRY_FIRST_S
-    while True:
-        await asyncio.sleep(pause_s)
-        try:
-            effect = await _settle_unsent(runtime, lost)
-        except StoreError as exc:
-            log.warning("%s is not settled yet: %s", lost.effect_id, exc)
-            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
-            continue
-        except Exception:
-            # A bug must not end the settling: the record would wait for the sweep.
-            runtime.metrics.count_background_failure("settle-unsent")
-            log.exception("settling %s failed", lost.effect_id)
-            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
-            continue
+    async def settle() -> None:
+        effect = await _settle_unsent(runtime, lost)
         state = "not recorded" if effect is None else effect.state.value
         log.info("the effect %s of a lost admission answer is settled: %s", lost.effect_id, state)
-        return
+
+    # Neither a store that does not answer nor a bug ends it: the record would wait for
+    # the sweep.
+    await periodic.Periodic(
+        periodic.SETTLE_UNSENT,
+        settle,
+        UNSENT_RETRY_FIRST_S,
+        runtime.metrics.count_background_failure,
+        wait_first=True,
+        until_done=True,
+        about=f" of {lost.effect_id}",
+    ).run()
 
 
 # Without a probe, the recovery window stays open until an operator closes it: a worker
