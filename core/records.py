@@ -253,3 +253,19 @@ class EffectEvent:
             "conclusion": self.conclusion,
             "detail": self.detail,
         }
+
+
+def fence_headers(
+    resource: str, *, epoch: int | None = None, effect_id: str | None = None
+) -> dict[str, str]:
+    """The headers that name a fenced write, built here only: on its answer to the
+    worker (and a replay of it), upstream with it (`forward_fence_headers`), and on a
+    probe asking about it (an effect's, or, in the recovery window, a key's with no
+    effect known: the resource alone). A part left None is left out."""
+    headers = {}
+    if epoch is not None:
+        headers["Fence-Epoch"] = str(epoch)
+    headers["Fence-Resource"] = resource
+    if effect_id is not None:
+        headers["Fence-Effect-Id"] = effect_id
+    return headers

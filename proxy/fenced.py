@@ -22,7 +22,14 @@ from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend, receipt_event
 from core.probing import Conclusion
-from core.records import EffectRecord, EffectState, IdempotencyRecord, Refusal, StoredResponse
+from core.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    Refusal,
+    StoredResponse,
+    fence_headers,
+)
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import failpoints, forwarding, periodic
@@ -320,11 +327,7 @@ async def _dispatch_admitted(
     failpoints.reach(failpoints.ADMITTED)
     route = match.route
     effect = admitted.effect
-    fence = {
-        "Fence-Epoch": str(effect.epoch),
-        "Fence-Resource": effect.resource,
-        "Fence-Effect-Id": effect.id,
-    }
+    fence = fence_headers(effect.resource, epoch=effect.epoch, effect_id=effect.id)
     answer: forwarding.UpstreamResponse | None = None
     try:
         # Anything that fails before the request is handed to the client is certain
@@ -503,12 +506,8 @@ def _committed_by_reconciliation(
 
 
 def _replay(record: IdempotencyRecord) -> web.Response:
-    fence = {
-        "Fence-Epoch": str(record.epoch),
-        "Fence-Resource": record.resource,
-        "Fence-Effect-Id": record.effect_id,
-        forwarding.REPLAYED: "true",
-    }
+    fence = fence_headers(record.resource, epoch=record.epoch, effect_id=record.effect_id)
+    fence[forwarding.REPLAYED] = "true"
     stored = record.response
     if stored is None:
         # Settled by a probe or an operator: committed, but no response was ever seen.

@@ -40,7 +40,6 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-FENCE_HEADERS = ("Fence-Epoch", "Fence-Resource", "Fence-Effect-Id")
 REPLAYED = "Idempotent-Replayed"
 # Never forwarded (besides every `Fence-*`): the lease secret and fence headers only the
 # proxy may set upstream, framing the client recomputes, and Host, the upstream's.

@@ -21,7 +21,7 @@ from yarl import URL
 
 from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
-from core.records import EffectRecord
+from core.records import EffectRecord, fence_headers
 from core.send_deadline import sent_by
 from policies import Policy, Route
 from policies.tls import upstream_context
@@ -56,7 +56,7 @@ async def ask_upstream(
     session: aiohttp.ClientSession, route: Route, effect: EffectRecord
 ) -> tuple[int | None, str | None]:
     """(status, None) if the upstream answered, (None, why) if it did not."""
-    headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
+    headers = fence_headers(effect.resource, effect_id=effect.id)
     return await ask_upstream_about(
         session, route, probe_path(route, effect.path, effect.idempotency_key), headers
     )
@@ -116,7 +116,7 @@ async def probe_unknown_key(
     assert route.reconcile is not None
     asked_at = await store.now()
     status, error = await ask_upstream_about(
-        session, route, probe_path(route, path, key), {"Fence-Resource": resource}
+        session, route, probe_path(route, path, key), fence_headers(resource)
     )
     verdict = judge_probe(status, error, route.reconcile, since, asked_at)
     log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
