@@ -34,6 +34,7 @@ from core.leasing_advice import (
 )
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
+from policies.keys import DAY_S
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
 from policies.store_backends import store_backend
 from proxy.presentation import lease_entry_json, replica_json
@@ -224,10 +225,10 @@ GLOB_RE = re.compile(rf"[{GLOB_CHARS}]{{1,{MAX_RESOURCE_CHARS}}}\Z")
 # Digits, a point, an exponent: no "nan", "inf", "1_0" or spaces, which float() takes.
 _NUMBER = re.compile(r"[0-9.eE+-]{1,32}\Z")
 MAX_MARGIN = 100.0
-MAX_POLL_INTERVAL_S = 86400.0
+MAX_POLL_INTERVAL_S = DAY_S
 MAX_TARGETS = 20
 MAX_GRID_POINTS = 100
-MAX_GRID_LEASE_S = 86400.0 * 365
+MAX_GRID_LEASE_S = DAY_S * 365
 
 
 def _number(raw: str, field: str, rule: str) -> float:
