@@ -50,7 +50,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 # 10^5 refusals of every kind against the store, on SQLite and PostgreSQL, and how much
-# the store grew (issue 17, item 5; `make test` runs 2000 of each). About 2 minutes on
+# the store grew (`make test` runs 2000 of each). About 2 minutes on
 # SQLite and 14 on PostgreSQL on this project's loaded 2-core machine.
 refusal-flood: export FENCEPROXY_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 refusal-flood: $(STAMP)

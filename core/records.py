@@ -178,7 +178,7 @@ class EffectRecord:
 
 # A stored path is cut to this many characters, then marked: a request target may be
 # up to 8 KiB (proxy/requests.py MAX_TARGET) and every refusal stores its path, so an
-# untruncated path would let each refused request write kilobytes (issue 8, item 1).
+# untruncated path would let each refused request write kilobytes.
 STORED_PATH_CHARS = 256
 TRUNCATED_MARK = "…"
 

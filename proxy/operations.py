@@ -217,7 +217,7 @@ async def resolve(
     return result
 
 
-# --- lease sizing (issue 9) --------------------------------------------------------------
+# --- lease sizing --------------------------------------------------------------
 
 # A resource glob: resource characters and fnmatch's * ? [ ] !
 GLOB_CHARS = r"*?\[\]!" + RESOURCE_CHARS
@@ -338,7 +338,7 @@ async def lease_advice(
     return advise(recorded.lives, recorded.latencies, fenced_routes(policy), request, recorded.now)
 
 
-# --- the status page (issue 12) ----------------------------------------------------------
+# --- the status page ----------------------------------------------------------
 
 # Replicas listed on the status page: those that wrote their row in the last few minutes
 # (each writes one every reconcile.prober.REPLICA_BEAT_INTERVAL_S).

@@ -1,4 +1,4 @@
-"""Quotas on acquires (issue 8, item 1): whose quota an acquire counts against, and
+"""Quotas on acquires: whose quota an acquire counts against, and
 the acquire rate. The live-lease cap is decided in the acquire's own transaction
 (core/fencing.py `decide_acquire`); the rate is checked here first, in memory, so a
 flood of acquires over it costs the store nothing.

@@ -6,7 +6,7 @@ never both grant a live lease or admit writes under different epochs. Time is
 the database's (`now()` at the start of the transaction), so replicas with
 skewed clocks still agree on when a lease expires.
 
-A fenced request is five round trips (issue 11): its admission is BEGIN, one call
+A fenced request is five round trips: its admission is BEGIN, one call
 that locks and reads (`own_clock`: it answers the time and the store id itself),
 one write, COMMIT; its receipt one statement that is its own transaction
 (`statement`). Every round trip is counted (`round_trips`) for the bench and tests.
@@ -49,7 +49,7 @@ MIGRATION_TIMEOUT_S = 24 * 3600.0
 # The authority's clock: the database's, shared by every replica (see store_meta); and,
 # in the same round trip, the store's id, so that every transaction checks it is still
 # talking to the store it opened: a database dropped and created again behind the same
-# URL would hand out epochs from 1 (issue 8, item 5).
+# URL would hand out epochs from 1.
 _NOW = (
     "SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id"
     " FROM store_meta m, store_identity i"

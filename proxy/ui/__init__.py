@@ -1,4 +1,4 @@
-"""The operator's status page (issue 12): GET /_fence/ui/ on the proxy's own port.
+"""The operator's status page: GET /_fence/ui/ on the proxy's own port.
 
 The page is a shell rendered by jinja2 (autoescaped) that holds no store data: its
 script (static/status.js) asks for a key once, keeps it in the tab's sessionStorage

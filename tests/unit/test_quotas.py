@@ -1,4 +1,4 @@
-"""Quotas on acquires (issue 8, item 1): the `quotas:` block, the acquire-rate token
+"""Quotas on acquires: the `quotas:` block, the acquire-rate token
 buckets (bounded whatever the subjects), and the live-lease cap as decide_acquire
 applies it. Time is passed in: nothing here waits on a clock."""
 

@@ -1,6 +1,6 @@
 """The guarded listener (proxy/connections.py) in front of a small aiohttp app: heads over
 the limits are answered while they arrive, legitimate framing passes, and past
-`max_connections` the connection waiting longest is closed (issue 17, item 4)."""
+`max_connections` the connection waiting longest is closed."""
 
 from __future__ import annotations
 
