@@ -237,10 +237,28 @@ async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
-def _periodic(
-    app: web.Application, name: str, work: Callable[[], Awaitable[object]], interval_s: float
-) -> periodic.Periodic:
-    return periodic.Periodic(name, work, interval_s, app[RUNTIME].metrics.count_background_failure)
+@contextlib.asynccontextmanager
+async def _supervised(
+    app: web.Application,
+    name: str,
+    work: Callable[[], Awaitable[object]],
+    interval_s: float,
+    *,
+    wake: asyncio.Event | None = None,
+    wait_first: bool = False,
+) -> AsyncIterator[None]:
+    """`work` as a background loop of proxy/periodic.py while the block runs (its task
+    named as the loop), its unexpected failures counted in the app's metrics."""
+    loop = periodic.Periodic(
+        name,
+        work,
+        interval_s,
+        app[RUNTIME].metrics.count_background_failure,
+        wake=asyncio.Event() if wake is None else wake,
+        wait_first=wait_first,
+    )
+    async with _running(loop.run(), name):
+        yield
 
 
 async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -249,22 +267,17 @@ async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
         if removed:
             log.info("removed %d expired idempotency records", removed)
 
-    loop = _periodic(app, periodic.COLLECTOR, collect, GC_INTERVAL_S)
-    async with _running(loop.run(), "idempotency-gc"):
+    async with _supervised(app, periodic.COLLECTOR, collect, GC_INTERVAL_S):
         yield
 
 
 async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
     """Write the refusals counted in memory (store/refusals.py) every second; the store
     writes what is left when it closes."""
-    loop = _periodic(
-        app,
-        periodic.REFUSAL_COUNTS,
-        app[RUNTIME].store.flush_refusal_counts,
-        REFUSAL_FLUSH_INTERVAL_S,
-    )
-    loop.wait_first = True
-    async with _running(loop.run(), "refusal-counts"):
+    flush = app[RUNTIME].store.flush_refusal_counts
+    async with _supervised(
+        app, periodic.REFUSAL_COUNTS, flush, REFUSAL_FLUSH_INTERVAL_S, wait_first=True
+    ):
         yield
 
 
@@ -277,9 +290,9 @@ async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     runtime.retention = collector
-    loop = _periodic(app, periodic.RETENTION, collector.round, RETENTION_INTERVAL_S)
-    loop.wake = collector.wake
-    async with _running(loop.run(), "retention"):
+    async with _supervised(
+        app, periodic.RETENTION, collector.round, RETENTION_INTERVAL_S, wake=collector.wake
+    ):
         yield
 
 
@@ -296,9 +309,9 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         policy_digest=runtime.policy_digest,
     )
     runtime.reconciler = reconciler
-    loop = _periodic(app, periodic.RECONCILER, reconciler.round, POLL_INTERVAL_S)
-    loop.wake = reconciler.wake
-    async with _running(loop.run(), "reconciler"):
+    async with _supervised(
+        app, periodic.RECONCILER, reconciler.round, POLL_INTERVAL_S, wake=reconciler.wake
+    ):
         yield
 
 
