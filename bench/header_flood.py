@@ -1,4 +1,4 @@
-"""Benchmark: the header flood of issue 17 item 4 against a real `fenceproxy serve`.
+"""Benchmark: a header flood without a credential against a real `fenceproxy serve`.
 
     python -m bench.header_flood [--fenceproxy PATH] [--connections 100] [--headers 250]
                                  [--reconnect-s 0] [--settle-s 5] [--json]

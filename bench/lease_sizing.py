@@ -1,4 +1,4 @@
-"""Issue 20 item 5, measured: a worker writing through a lease shorter than the route's
+"""Lease sizing, measured: a worker writing through a lease shorter than the route's
 upstream timeout plus the renewal period.
 
     python -m bench.lease_sizing [--writes 37] [--ttl 2.5] [--timeout 2]

@@ -18,7 +18,7 @@ from bench.round_trips import MAX_ROUND_TRIPS, REQUESTS, RoundTrips
 from bench.targets import FENCED, PLAIN
 from bench.workload import Measurement
 
-# The goal for two replicas on one database (issue 4): this many times one replica.
+# The goal for two replicas on one database: this many times one replica.
 SCALE_OUT_GOAL = 1.5
 # The process groups whose CPU the PostgreSQL run accounts.
 FENCEPROXY_GROUP = "fenceproxy {name}"
@@ -252,7 +252,7 @@ PRELOADED_GOAL = 0.9
 P50_EXTRA_MS = 3.0
 P99_EXTRA_MS = 10.0
 
-# Issue 11's targets that this benchmark measures.
+# The performance targets this benchmark measures.
 FENCED_OVER_PLAIN_GOAL = 0.6
 PG_OVER_SQLITE_GOAL = 0.6
 TARGET_CONCURRENCIES = (16, 64)
@@ -347,7 +347,7 @@ def targets(
 
 
 def target_lines(measurements: list[Measurement], postgres: PostgresRun | None) -> list[str]:
-    lines = ["targets (issue 11):"]
+    lines = ["targets:"]
     for target, measured, met in targets(measurements, postgres):
         lines.append(f"  {target:<62} {measured:>6}  {_status(met)}")
     return lines

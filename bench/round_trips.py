@@ -26,7 +26,7 @@ from bench.workload import (
     describe_refusal,
 )
 
-# The issue's bound for a fenced request, admission and receipt together (issue 11).
+# The bound for a fenced request, admission and receipt together.
 MAX_ROUND_TRIPS = 5
 REQUESTS = 200
 IDLE_S = 1.0

@@ -37,7 +37,7 @@ one of stale-token refusals (`--no-extra-rounds` skips them). `--preload N`: the
 first fenced round again on a SQLite store preloaded with N settled effects (not
 measured on PostgreSQL).
 
-Last, where each of issue 11's targets stands (met / not met).
+Last, where each performance target stands (met / not met).
 
 Only 2xx answers count as requests; anything else is an error. Requests are
 counted when they complete inside the measured window, after a warm-up.
@@ -101,7 +101,7 @@ POSTGRESQL = "postgresql"
 BACKENDS = (SQLITE, POSTGRESQL)
 POSTGRES_URL_ENV = "FENCEPROXY_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-# Issue 11's rounds besides throughput, at one concurrency: what a worker feels with an
+# The rounds besides throughput, at one concurrency: what a worker feels with an
 # upstream that takes 20 ms (the demo upstream's delay header), and replays and stale
 # refusals, which never go upstream. (target, through fenceproxy, kind, headers)
 EXTRA_CONCURRENCY = 16

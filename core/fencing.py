@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.codes import ErrorCode
 from core.lifecycle import BLOCKING
 from core.quotas import retry_after_s
 from core.records import (
@@ -80,7 +81,7 @@ def decide_acquire(
     current = state.current_lease()
     if current is not None and current.live(now):
         return Refusal(
-            "lease_held",
+            ErrorCode.LEASE_HELD,
             f"{state.resource} is leased until its lease expires or is released",
             {
                 "resource": state.resource,
@@ -96,7 +97,7 @@ def decide_acquire(
     if live is not None and live.count >= live.cap:
         assert live.earliest_expires_at is not None  # at least one lease is live
         return Refusal(
-            "rate_limited",
+            ErrorCode.RATE_LIMITED,
             f"{live.subject} holds {live.count} live leases, the most quotas.live_leases "
             "allows; release one first",
             {
@@ -114,18 +115,20 @@ def check_lease(
 ) -> Refusal | None:
     """Is `lease` (found by its token) the current, live lease of its resource?"""
     if lease is None or state is None:
-        return Refusal("invalid_token", "the Fence-Token is not one this proxy issued")
+        return Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
     context = {"resource": lease.resource, "epoch": lease.epoch, "current_epoch": state.epoch}
     if lease.epoch != state.epoch or lease.ended_at is not None:
         reason = lease.end_reason or "superseded"
         return Refusal(
-            "stale_epoch",
+            ErrorCode.STALE_EPOCH,
             f"the lease at epoch {lease.epoch} is no longer current ({reason}); "
             f"the resource is at epoch {state.epoch}",
             context,
         )
     if not lease.live(now):
-        return Refusal("lease_expired", f"the lease at epoch {lease.epoch} has expired", context)
+        return Refusal(
+            ErrorCode.LEASE_EXPIRED, f"the lease at epoch {lease.epoch} has expired", context
+        )
     return None
 
 
@@ -142,7 +145,7 @@ def check_standing(lease: LeaseRecord, clients: Clients) -> Refusal | None:
     context = {"resource": lease.resource, "epoch": lease.epoch, "client": lease.client}
     if lease.client is None:
         return Refusal(
-            "forbidden",
+            ErrorCode.FORBIDDEN,
             f"the lease at epoch {lease.epoch} was taken without a client key, and the "
             "proxy now has an auth: block; release it and acquire with a client's key",
             context,
@@ -150,20 +153,20 @@ def check_standing(lease: LeaseRecord, clients: Clients) -> Refusal | None:
     client = clients.get(lease.client)
     if client is None:
         return Refusal(
-            "forbidden",
+            ErrorCode.FORBIDDEN,
             f"client {lease.client!r}, which took the lease at epoch {lease.epoch}, is no "
             "longer configured (auth.clients)",
             context,
         )
     if not client.holds(Right.LEASE):
         return Refusal(
-            "forbidden",
+            ErrorCode.FORBIDDEN,
             f"client {lease.client!r} may no longer lease (auth.clients[].may)",
             context,
         )
     if not client.covers(lease.resource):
         return Refusal(
-            "forbidden_resource",
+            ErrorCode.FORBIDDEN_RESOURCE,
             f"client {lease.client!r} may no longer act on {lease.resource}: it matches "
             "none of its resources globs now",
             context,
@@ -213,7 +216,7 @@ def decide_admission(
     """The order of checks is the contract's; each step refuses before the next is read."""
     if lease is not None and lease.resource != request.resource:
         return Refusal(
-            "wrong_resource",
+            ErrorCode.WRONG_RESOURCE,
             f"the token's lease guards {lease.resource}, not {request.resource}",
             {"resource": request.resource, "token_resource": lease.resource},
         )
@@ -251,14 +254,14 @@ def decide_admission(
             return _blocked(state, (existing.effect_id,))
     if len(dispatching) >= request.max_in_flight:
         return Refusal(
-            "effect_in_flight",
+            ErrorCode.EFFECT_IN_FLIGHT,
             f"{request.resource} already has {len(dispatching)} request(s) being forwarded",
             {"resource": request.resource, "in_flight": [e.id for e in dispatching]},
         )
     remaining = lease.expires_at - now
     if remaining < request.upstream_timeout_s:
         return Refusal(
-            "lease_too_short",
+            ErrorCode.LEASE_TOO_SHORT,
             f"the lease expires in {remaining:.3f}s, before the upstream timeout of "
             f"{request.upstream_timeout_s}s ends; renew it first",
             {
@@ -282,7 +285,7 @@ def _retained(record: IdempotencyRecord, now: float) -> bool:
 
 def _key_reused(request: AdmissionRequest, effect_id: str) -> Refusal:
     return Refusal(
-        "idempotency_key_reused",
+        ErrorCode.IDEMPOTENCY_KEY_REUSED,
         "this Idempotency-Key was used for a different request",
         {"resource": request.resource, "effect_id": effect_id},
     )
@@ -290,7 +293,7 @@ def _key_reused(request: AdmissionRequest, effect_id: str) -> Refusal:
 
 def _in_progress(request: AdmissionRequest, effect_id: str) -> Refusal:
     return Refusal(
-        "request_in_progress",
+        ErrorCode.REQUEST_IN_PROGRESS,
         "a request with this Idempotency-Key is in flight: being forwarded, or, after the "
         "store's answer to its admission was lost, being settled as not sent (ask again: it "
         "replays, or goes through once settled)",
@@ -314,7 +317,7 @@ def _may_resend(request: AdmissionRequest, state: ResourceState, blocking: tuple
 
 def _blocked(state: ResourceState, blocking: tuple[str, ...]) -> Refusal:
     return Refusal(
-        "resource_blocked",
+        ErrorCode.RESOURCE_BLOCKED,
         f"{state.resource} has effects whose outcome is not known yet or is disputed; "
         "it stays blocked until they are reconciled",
         {"resource": state.resource, "effect_ids": list(blocking)},

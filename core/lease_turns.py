@@ -1,4 +1,4 @@
-"""The false-expiry math of lease sizing (issue 9), as pure functions.
+"""The false-expiry math of lease sizing, as pure functions.
 
 A *turn* is the time from a grant to its holder's release: how long the work really
 took. A lease shorter than a turn expires under a live worker (a false expiry); a

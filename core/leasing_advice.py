@@ -1,4 +1,4 @@
-"""Lease sizing from the measured tail (issue 9): the advice, as pure functions.
+"""Lease sizing from the measured tail: the advice, as pure functions.
 
 A *turn* is the time from a grant to its holder's release: how long the work really
 took. This module groups the recorded lease lives (per route template, else per

@@ -433,12 +433,14 @@ def check_resolvable(effect: EffectRecord, now: float) -> Refusal | None:
     it cannot be in flight any more: DEADLINE_MARGIN_S past its deadline."""
     context = {"effect_id": effect.id, "state": effect.state.value}
     if effect.state not in RESOLVABLE:
-        return Refusal("effect_settled", f"the effect is already {effect.state.value}", context)
+        return Refusal(
+            ErrorCode.EFFECT_SETTLED, f"the effect is already {effect.state.value}", context
+        )
     if effect.state is EffectState.DISPATCHING:
         if now > effect.deadline + DEADLINE_MARGIN_S:
             return None
         return Refusal(
-            "effect_in_flight",
+            ErrorCode.EFFECT_IN_FLIGHT,
             "the effect's request may still be in flight; wait for its deadline "
             f"({effect.deadline - now + DEADLINE_MARGIN_S:.1f}s)",
             context,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -19,22 +20,28 @@ class EffectState(StrEnum):
     CONFLICTING = "CONFLICTING"
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A request the proxy will not carry out; becomes a problem+json response."""
+class Refusal(Exception):
+    """A request the proxy will not carry out, and why: the one carrier of a refusal.
 
-    code: ErrorCode
-    detail: str
-    context: dict[str, Any]
+    The rules and the store return it as a decision; request parsing and the
+    operations raise it. Either way it is answered the same: a problem+json document
+    (proxy/problems.py) with the code's status, or on the command line its detail and
+    code. `context` holds the document's extra members (None values are left out)."""
 
     def __init__(
-        self, code: ErrorCode | str, detail: str, context: dict[str, Any] | None = None
+        self, code: ErrorCode, detail: str, context: Mapping[str, Any] | None = None
     ) -> None:
-        # The rules may name a code by its string; an unknown one is a bug caught here
-        # (ValueError), not a response nobody can map to a status.
-        object.__setattr__(self, "code", ErrorCode(code))
-        object.__setattr__(self, "detail", detail)
-        object.__setattr__(self, "context", {} if context is None else context)
+        # Typed for mypy; checked here too, so that a string from an untyped caller is a
+        # bug caught where it is made, not a response nobody can map to a status.
+        if not isinstance(code, ErrorCode):
+            raise TypeError(f"a refusal's code is an ErrorCode, not {code!r}")
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.context: dict[str, Any] = dict(context or {})
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.code!r}, {self.detail!r}, {self.context!r})"
 
 
 @dataclass(frozen=True)
@@ -171,7 +178,7 @@ class EffectRecord:
 
 # A stored path is cut to this many characters, then marked: a request target may be
 # up to 8 KiB (proxy/requests.py MAX_TARGET) and every refusal stores its path, so an
-# untruncated path would let each refused request write kilobytes (issue 8, item 1).
+# untruncated path would let each refused request write kilobytes.
 STORED_PATH_CHARS = 256
 TRUNCATED_MARK = "…"
 
@@ -246,3 +253,19 @@ class EffectEvent:
             "conclusion": self.conclusion,
             "detail": self.detail,
         }
+
+
+def fence_headers(
+    resource: str, *, epoch: int | None = None, effect_id: str | None = None
+) -> dict[str, str]:
+    """The headers that name a fenced write, built here only: on its answer to the
+    worker (and a replay of it), upstream with it (`forward_fence_headers`), and on a
+    probe asking about it (an effect's, or, in the recovery window, a key's with no
+    effect known: the resource alone). A part left None is left out."""
+    headers = {}
+    if epoch is not None:
+        headers["Fence-Epoch"] = str(epoch)
+    headers["Fence-Resource"] = resource
+    if effect_id is not None:
+        headers["Fence-Effect-Id"] = effect_id
+    return headers

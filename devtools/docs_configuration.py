@@ -1,15 +1,19 @@
 """What each key of the policy file and each environment variable means, for the
 generated configuration reference (devtools/docs_reference.py checks that every key
-the loader allows and every `FENCEPROXY_*` name the proxy reads has a line here)."""
+the loader allows and every `FENCEPROXY_*` name the proxy reads has a line here). The
+keys of `upstreams` and `routes` are declared with their meaning and default where
+the loader reads them (policies/route_keys.py), and their lines are made from that."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from policies import keys, route_keys
+from policies.keys import DAY_S
 from policies.loading_store import DEFAULT_STORE
-from policies.model import DAY_S, Policy
+from policies.model import Policy
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,32 @@ class Key:
 
 def _days(seconds: float) -> float:
     return seconds / DAY_S
+
+
+def _shown(key: keys.Key[object]) -> str:
+    """A declared key's default as the reference shows it."""
+    if key.shown is not None:
+        return key.shown
+    value = key.default
+    if isinstance(value, tuple):
+        return f"`{json.dumps(list(value))}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def _declared(parent: str, block: keys.Key[object]) -> dict[str, Key]:
+    """The lines of a block's declared keys (policies/route_keys.py), depth first."""
+    path = f"{parent}.{block.name}" if parent else block.name
+    lines: dict[str, Key] = {}
+    assert isinstance(block.kind, keys.Block)
+    for key in block.kind.keys:
+        lines[f"{path}.{key.name}"] = Key(key.help, _shown(key))
+        if isinstance(key.kind, keys.Block):
+            lines.update(_declared(path, key))
+    return lines
 
 
 CONFIGURATION: dict[str, Key] = {
@@ -94,142 +124,13 @@ CONFIGURATION: dict[str, Key] = {
         "the TTL of an acquire that names none", lambda p: p.leases.default_ttl_s
     ),
     "upstreams": Key("the APIs behind the proxy, by name (`NAME` below)", "required"),
-    "upstreams.NAME.url": Key(
-        "`http://` or `https://`; an https upstream's certificate is always verified (its "
-        "chain and that it names the URL's host)",
-        "required",
-    ),
-    "upstreams.NAME.timeout_s": Key(
-        "seconds a request may take upstream; past it a fenced write's outcome is unknown. "
-        "A fenced write needs at least this much left on its lease (`lease_too_short`)",
-        lambda p: p.upstreams["NAME"].timeout_s,
-    ),
-    "upstreams.NAME.connect_timeout_s": Key(
-        "seconds to connect (and to wait for a pooled connection); past it nothing was "
-        "sent: `502 upstream_unreachable`. At most `timeout_s`",
-        lambda p: p.upstreams["NAME"].connect_timeout_s,
-    ),
-    "upstreams.NAME.send_window_s": Key(
-        "seconds after a fenced write's admission within which it may still be sent, "
-        "counted from before the admission (its wait for a store connection included) and "
-        "checked on the proxy's own monotonic clock once it has a connection, right "
-        "before the first byte; past it nothing is sent (`502 upstream_unreachable`, "
-        "effect `NOT_SENT`), so a replica paused after admitting cannot land a write "
-        "another replica already settled. Other replicas take the write for in flight "
-        "until `send_window_s` + `timeout_s` + 2 s after its admission. At least "
-        "`connect_timeout_s`, at most 60",
-        "5, or `connect_timeout_s` if longer",
-    ),
-    "upstreams.NAME.pool": Key("connections per process to this upstream"),
-    "upstreams.NAME.pool.fenced": Key(
-        "connections for fenced routes", lambda p: p.upstreams["NAME"].pool.fenced
-    ),
-    "upstreams.NAME.pool.pass_through": Key(
-        "connections for `fence: none` routes; kept apart from `fenced` so slow reads cannot "
-        "starve fenced writes",
-        lambda p: p.upstreams["NAME"].pool.pass_through,
-    ),
-    "upstreams.NAME.ca_bundle": Key(
-        "an https upstream's certificate must chain to a CA in this PEM file (only these "
-        "CAs); path relative to the policy file's folder; refused on an http URL",
-        "none: the system's trust store",
-    ),
+    **_declared("upstreams", route_keys.UPSTREAM),
     "routes": Key(
         "what is proxied, matched in file order; two routes that can match one request are "
         "refused as ambiguous",
         "required",
     ),
-    "routes[].name": Key("the route's name, in logs, metrics and effects", "required"),
-    "routes[].upstream": Key("the name of an upstream", "required"),
-    "routes[].match": Key("what requests the route takes", "required"),
-    "routes[].match.methods": Key(
-        "HTTP methods (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS)", "required"
-    ),
-    "routes[].match.path": Key(
-        "`{name}` one segment; `{name:int}`, `{name:uuid}`; `{name:REGEX}` (may span "
-        "segments, e.g. `{rest:.*}`); matched against the decoded path, where a regex's "
-        "`.` matches any character (a newline from `%0A` too)",
-        "required",
-    ),
-    "routes[].resource": Key(
-        "the resource a write needs a lease on, rendered from path parameters: 1 to 256 "
-        "characters of `A-Z a-z 0-9 . _ : @ / + = -`; a parameter may not hold its "
-        "separators (see [routes](routes.md))",
-        "required when fenced",
-    ),
-    "routes[].fence": Key(
-        "`required`: a write needs a live lease's token; `none`: plain pass-through, no "
-        "token, nothing recorded",
-        lambda p: "required" if p.routes[0].fenced else "none",
-    ),
-    "routes[].forward_fence_headers": Key(
-        "send `Fence-Epoch`, `Fence-Resource`, `Fence-Effect-Id` upstream (workers always get "
-        "them)",
-        lambda p: p.routes[0].forward_fence_headers,
-    ),
-    "routes[].max_body_bytes": Key(
-        "larger bodies get `413 payload_too_large` before anything is read past the limit",
-        lambda p: p.routes[0].max_body_bytes,
-    ),
-    "routes[].max_in_flight": Key(
-        "effects of one resource being forwarded at once", lambda p: p.routes[0].max_in_flight
-    ),
-    "routes[].idempotency": Key("the `Idempotency-Key` rules"),
-    "routes[].idempotency.required": Key(
-        "`true`: a write without `Idempotency-Key` is `400 missing_idempotency_key`",
-        lambda p: p.routes[0].idempotency.required,
-    ),
-    "routes[].idempotency.retain_s": Key(
-        "seconds a key and its response are kept after its effect settled",
-        lambda p: p.routes[0].idempotency.retain_s,
-    ),
-    "routes[].outcomes": Key(
-        'what an upstream status proves; an exact code (`"404"`) beats a class (`"4xx"`); '
-        "anything unmapped is `unknown`"
-    ),
-    "routes[].outcomes.committed": Key("statuses that prove the write applied", '`["2xx"]`'),
-    "routes[].outcomes.not_committed": Key(
-        "statuses that prove it was not applied (the key is freed)", '`["4xx"]`'
-    ),
-    "routes[].outcomes.unknown": Key(
-        "statuses that prove nothing (the effect is in doubt, the resource blocked)",
-        '`["408", "5xx"]`',
-    ),
-    "routes[].reconcile": Key(
-        "how to probe an `UNKNOWN` effect (see [reconciliation](../how-to/reconciliation.md)); "
-        "without it, `UNKNOWN` waits for an operator",
-        "none",
-    ),
-    "routes[].reconcile.probe": Key("the request that asks the upstream", "required"),
-    "routes[].reconcile.probe.method": Key("`GET` or `HEAD`", lambda p: _reconcile(p).probe.method),
-    "routes[].reconcile.probe.path": Key(
-        "rendered from the effect's path parameters and `{idempotency_key}` (which needs "
-        "`idempotency.required: true`)",
-        "required",
-    ),
-    "routes[].reconcile.committed": Key("probe statuses that prove the write applied", "required"),
-    "routes[].reconcile.not_committed": Key(
-        "probe statuses that prove it was not applied (believed only after `settle_s`)",
-        "required",
-    ),
-    "routes[].reconcile.settle_s": Key(
-        'how long after dispatch a "not committed" probe answer is believed, dispatch being '
-        "the latest a write may have been sent (its admission plus the upstream's "
-        "`send_window_s`, or its lost answer's receipt if earlier). Never below the "
-        "upstream's `timeout_s` (refused: a write the proxy gave up on may still land); "
-        "size it as the timeout plus the slowest the upstream has been seen to apply a write",
-        "the upstream's `timeout_s`",
-    ),
-    "routes[].reconcile.attempts": Key(
-        'inconclusive probes before the effect waits for an operator (an early "not '
-        'found" inside the window does not count)',
-        lambda p: _reconcile(p).attempts,
-    ),
-    "routes[].upstream_idempotent": Key(
-        "the upstream deduplicates by `Idempotency-Key`: the current holder may resend the "
-        "same operation to settle an `UNKNOWN` one (needs `idempotency.required: true`)",
-        lambda p: p.routes[0].upstream_idempotent,
-    ),
+    **_declared("", route_keys.ROUTE),
     "retention": Key(
         "how long the audit trail is kept (see [retention](../how-to/retention.md)); days, "
         "fractions allowed; `0` keeps forever"
@@ -337,12 +238,6 @@ CONFIGURATION: dict[str, Key] = {
     "metrics_listen.host": Key("its address", "127.0.0.1"),
     "metrics_listen.port": Key("its TCP port", "required"),
 }
-
-
-def _reconcile(policy: Policy) -> Any:
-    reconcile = policy.routes[0].reconcile
-    assert reconcile is not None
-    return reconcile
 
 
 ENVIRONMENT: dict[str, str] = {

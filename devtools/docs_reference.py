@@ -8,7 +8,8 @@ they are, and `mkdocs build` never imports the proxy.
 * docs/reference/configuration.md: every key of the policy file, found by asking the
   policy loader itself (`policies.loading.parse_policy`) which keys each block
   allows, so a key added to the loader without a line in devtools/docs_configuration.py fails
-  the generator; its defaults are read from a parsed minimal policy; and every
+  the generator; its defaults are read from a parsed minimal policy, those of `upstreams`
+  and `routes` from their declarations (policies/route_keys.py); and every
   environment variable the proxy reads (`ENVIRONMENT`, checked against the
   `FENCEPROXY_*` names in the shipped packages' source).
 * docs/reference/cli.md: the argparse parser (`proxy.cli.build_parser`).

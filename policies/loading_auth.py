@@ -92,14 +92,39 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
     if not spec.valid:
         return None
     before = len(problems.items)
-    name = spec.text("name")
+    name = _client_name(spec)
+    key_env, key_sha256, cert_subject = _client_credential(spec, node)
+    globs = _client_globs(spec)
+    rights = _client_rights(spec)
+    if len(problems.items) > before:
+        return None
+    assert name is not None
+    return AuthClient(
+        name=name,
+        key_env=key_env,
+        key_sha256=key_sha256.lower() if key_sha256 is not None else None,
+        resources=globs,
+        may=frozenset(rights),
+        line=node.line,
+        cert_subject=cert_subject,
+    )
+
+
+def _client_name(spec: Mapping) -> str | None:
+    name: str | None = spec.text("name")
     if name is not None and not HOLDER_RE.match(name):
-        problems.add(
+        spec.problems.add(
             spec.children["name"],
             f"{name!r} is not a valid client name (1-128 of A-Z a-z 0-9 . _ : @ -)",
         )
     elif name in RESERVED_CLIENT_NAMES:
-        problems.add(spec.children["name"], f"{name!r} is the admin token's name")
+        spec.problems.add(spec.children["name"], f"{name!r} is the admin token's name")
+    return name
+
+
+def _client_credential(spec: Mapping, node: Node) -> tuple[str | None, str | None, str | None]:
+    """The client's one credential: (key_env, key_sha256, cert_subject), one of them set."""
+    problems = spec.problems
     key_env = env_name(spec, "key_env", problems)
     key_sha256 = spec.text("key_sha256", default=None)
     if key_sha256 is not None and not _SHA256_HEX.match(key_sha256):
@@ -113,37 +138,31 @@ def _parse_client(node: Node, problems: Problems) -> AuthClient | None:
     credentials = ("key_env", "key_sha256", "cert_subject")
     if sum(key in spec.children for key in credentials) != 1:
         problems.add(node, "a client needs exactly one of key_env, key_sha256 and cert_subject")
+    return key_env, key_sha256, cert_subject
+
+
+def _client_globs(spec: Mapping) -> tuple[str, ...]:
     globs = spec.text_list("resources", required=True) or []
     for glob, element in globs:
         if not _GLOB.match(glob):
-            problems.add(
+            spec.problems.add(
                 element,
                 f"{glob!r} is not a resource glob (resource characters and * ? [ ] !)",
             )
     if "resources" in spec.children and spec.children["resources"].is_sequence and not globs:
-        problems.add(spec.children["resources"], "at least one resource glob is needed")
+        spec.problems.add(spec.children["resources"], "at least one resource glob is needed")
+    return tuple(glob for glob, _ in globs)
+
+
+def _client_rights(spec: Mapping) -> set[Right]:
     rights: set[Right] = set()
     known = ", ".join(right.value for right in Right)
     for value, element in spec.text_list("may", required=True) or []:
         try:
             rights.add(Right(value))
         except ValueError:
-            problems.add(element, f"unknown right {value!r} (known: {known})")
-    if (
-        "may" in spec.children
-        and spec.children["may"].is_sequence
-        and not spec.children["may"].raw.value
-    ):
-        problems.add(spec.children["may"], f"at least one right is needed ({known})")
-    if len(problems.items) > before:
-        return None
-    assert name is not None
-    return AuthClient(
-        name=name,
-        key_env=key_env,
-        key_sha256=key_sha256.lower() if key_sha256 is not None else None,
-        resources=tuple(glob for glob, _ in globs),
-        may=frozenset(rights),
-        line=node.line,
-        cert_subject=cert_subject,
-    )
+            spec.problems.add(element, f"unknown right {value!r} (known: {known})")
+    may = spec.children.get("may")
+    if may is not None and may.is_sequence and not may.raw.value:
+        spec.problems.add(may, f"at least one right is needed ({known})")
+    return rights

@@ -7,8 +7,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from policies.keys import DAY_S
 from policies.model import (
-    DAY_S,
     DEFAULT_RETENTION,
     Retention,
     Route,

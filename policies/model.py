@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
 
+from policies import route_keys as keys
+from policies.keys import DAY_S
 from policies.templates import PathTemplate, StringTemplate
 
 # The characters and lengths are named on their own so that the OpenAPI document
@@ -61,9 +63,6 @@ class StorePool:
     statement_cache: bool = True
     acquire_timeout_s: float = 5.0
     command_timeout_s: float = 30.0
-
-
-DAY_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -133,13 +132,13 @@ class Pool:
     """Upstream connections per proxy process, one pool for fenced routes and one for
     pass-through routes, so neither kind of traffic can take the other's."""
 
-    fenced: int = 256
-    pass_through: int = 256
+    fenced: int = keys.POOL_FENCED.default
+    pass_through: int = keys.POOL_PASS_THROUGH.default
 
 
 # An admitted fenced write may be sent only this long after its admission began (by
 # default; core/send_deadline.py): enough to connect and wait for a pooled connection.
-DEFAULT_SEND_WINDOW_S = 5.0
+DEFAULT_SEND_WINDOW_S = keys.SEND_WINDOW_S.default
 # The longest allowed: each second of it is a second longer that an effect whose
 # replica stalled keeps its resource blocked before another replica may settle it.
 MAX_SEND_WINDOW_S = 60.0
@@ -149,8 +148,8 @@ MAX_SEND_WINDOW_S = 60.0
 class Upstream:
     name: str
     url: str
-    timeout_s: float
-    connect_timeout_s: float
+    timeout_s: float = keys.TIMEOUT_S.default
+    connect_timeout_s: float = keys.CONNECT_TIMEOUT_S.default
     pool: Pool = Pool()
     # The only CAs an https upstream's certificate may chain to (PEM file); None: the
     # system's trust store. Verification is never off.
@@ -178,8 +177,8 @@ class StatusRules:
 
 @dataclass(frozen=True)
 class Idempotency:
-    required: bool
-    retain_s: float
+    required: bool = keys.IDEMPOTENCY_REQUIRED.default
+    retain_s: float = keys.RETAIN_S.default
 
 
 @dataclass(frozen=True)
@@ -193,26 +192,29 @@ class Reconcile:
     probe: Probe
     rules: StatusRules
     settle_s: float
-    attempts: int
+    attempts: int = keys.ATTEMPTS.default
 
 
 @dataclass(frozen=True)
 class Route:
+    """A route of the policy; its defaults are those its keys declare
+    (policies/route_keys.py)."""
+
     name: str
     upstream: Upstream
     methods: frozenset[str]
     path: PathTemplate
-    resource: StringTemplate | None
-    fenced: bool
-    forward_fence_headers: bool
-    max_body_bytes: int
-    max_in_flight: int
-    idempotency: Idempotency
     outcomes: StatusRules
-    reconcile: Reconcile | None
+    resource: StringTemplate | None = None
+    fenced: bool = keys.FENCE.default == "required"
+    forward_fence_headers: bool = keys.FORWARD_FENCE_HEADERS.default
+    max_body_bytes: int = keys.MAX_BODY_BYTES.default
+    max_in_flight: int = keys.MAX_IN_FLIGHT.default
+    idempotency: Idempotency = Idempotency()
+    reconcile: Reconcile | None = None
     # The upstream itself deduplicates by Idempotency-Key, so resending an operation
     # whose outcome is unknown cannot apply it twice.
-    upstream_idempotent: bool = False
+    upstream_idempotent: bool = keys.UPSTREAM_IDEMPOTENT.default
 
 
 @dataclass(frozen=True)

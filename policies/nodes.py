@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from policies.keys import Choice, Flag, Key, Number, Text
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -207,6 +209,24 @@ class Mapping:
                 Problem(self.node.line, path, f"missing required key '{name}'")
             )
         return found
+
+    def read(self, key: Key[object], default: Any = _MISSING) -> Any:
+        """The value of `key` as its declaration says (a text, a number, a flag or a
+        choice): the declared default when absent (`default` in its place, for one that
+        depends on other keys), None when required and missing, or refused; each
+        problem reported."""
+        kind = key.kind
+        if default is _MISSING and not key.required:
+            default = key.default
+        if isinstance(kind, Text):
+            return self.text(key.name, default)
+        if isinstance(kind, Number):
+            return self.number(key.name, default, kind.minimum, kind.integer)
+        if isinstance(kind, Flag):
+            return self.flag(key.name, bool(default))
+        if isinstance(kind, Choice):
+            return self.choice(key.name, kind.options, str(default))
+        raise TypeError(f"{key.name}: a {type(kind).__name__} has a reader of its own")
 
     def text(self, name: str, default: Any = _MISSING) -> Any:
         node = self.child(name, required=default is _MISSING)

@@ -18,24 +18,27 @@ from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S
+from core.records import Refusal
 from policies import Policy, RouteMatch
-from proxy import control, fenced, forwarding, operations, reloading, ui
+from proxy import control, fenced, forwarding, operations, periodic, reloading, ui
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
-from proxy.problems import ProblemError, http_error_problem, problem
+from proxy.problems import http_error_problem, problem, refusal_response
 from proxy.requests import (
     BODY_TIMEOUT,
+    CLOSE_AFTER_ANSWER,
     check_header_encoding,
     check_header_sizes,
     check_target_size,
     defer_continue,
     read_body,
 )
+from proxy.retention import INTERVAL_S as RETENTION_INTERVAL_S
 from proxy.retention import RetentionCollector
 from proxy.runtime import RUNTIME, UPSTREAMS, Runtime, Upstreams, runtime_of
 from reconcile import operations as reconciliation
-from reconcile.prober import Reconciler
+from reconcile.prober import POLL_INTERVAL_S, Reconciler
 from store import CommitUnknown, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("fenceproxy")
@@ -241,57 +244,62 @@ async def _client_ctx(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
-async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
-    async def collect_forever() -> None:
-        while True:
-            try:
-                removed = await app[RUNTIME].store.collect_garbage()
-                if removed:
-                    log.info("removed %d expired idempotency records", removed)
-            except StoreUnavailable as exc:
-                log.warning("idempotency garbage collection failed: %s", exc)
-            except Exception:
-                # The collector must outlive any one failed round.
-                app[RUNTIME].metrics.count_background_failure("collector")
-                log.exception("idempotency garbage collection failed")
-            await asyncio.sleep(GC_INTERVAL_S)
+@contextlib.asynccontextmanager
+async def _supervised(
+    app: web.Application,
+    name: str,
+    work: Callable[[], Awaitable[object]],
+    interval_s: float,
+    *,
+    wake: asyncio.Event | None = None,
+    wait_first: bool = False,
+) -> AsyncIterator[None]:
+    """`work` as a background loop of proxy/periodic.py while the block runs (its task
+    named as the loop), its unexpected failures counted in the app's metrics."""
+    loop = periodic.Periodic(
+        name,
+        work,
+        interval_s,
+        app[RUNTIME].metrics.count_background_failure,
+        wake=asyncio.Event() if wake is None else wake,
+        wait_first=wait_first,
+    )
+    async with _running(loop.run(), name):
+        yield
 
-    async with _running(collect_forever(), "idempotency-gc"):
+
+async def _garbage_collector_ctx(app: web.Application) -> AsyncIterator[None]:
+    async def collect() -> None:
+        removed = await app[RUNTIME].store.collect_garbage()
+        if removed:
+            log.info("removed %d expired idempotency records", removed)
+
+    async with _supervised(app, periodic.COLLECTOR, collect, GC_INTERVAL_S):
         yield
 
 
 async def _refusal_counts_ctx(app: web.Application) -> AsyncIterator[None]:
     """Write the refusals counted in memory (store/refusals.py) every second; the store
     writes what is left when it closes."""
-
-    async def flush_forever() -> None:
-        while True:
-            await asyncio.sleep(REFUSAL_FLUSH_INTERVAL_S)
-            try:
-                await app[RUNTIME].store.flush_refusal_counts()
-            except StoreUnavailable as exc:
-                log.warning("writing the counted refusals failed: %s", exc)
-            except Exception:
-                app[RUNTIME].metrics.count_background_failure("refusal-counts")
-                log.exception("writing the counted refusals failed")
-
-    async with _running(flush_forever(), "refusal-counts"):
+    flush = app[RUNTIME].store.flush_refusal_counts
+    async with _supervised(
+        app, periodic.REFUSAL_COUNTS, flush, REFUSAL_FLUSH_INTERVAL_S, wait_first=True
+    ):
         yield
 
 
 async def _retention_ctx(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
     collector = RetentionCollector(
-        runtime.store,
-        runtime.policy.retention,
-        on_deleted=runtime.metrics.count_retention,
-        on_failure=lambda: runtime.metrics.count_background_failure("retention"),
+        runtime.store, runtime.policy.retention, on_deleted=runtime.metrics.count_retention
     )
     if not collector.enabled:  # everything is kept forever
         yield
         return
     runtime.retention = collector
-    async with _running(collector.run(), "retention"):
+    async with _supervised(
+        app, periodic.RETENTION, collector.round, RETENTION_INTERVAL_S, wake=collector.wake
+    ):
         yield
 
 
@@ -303,13 +311,14 @@ async def _reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
         runtime.policy,
         DEADLINE_MARGIN_S,
         on_probe=runtime.metrics.count_probe,
-        on_failure=lambda: runtime.metrics.count_background_failure("reconciler"),
         version=operations.proxy_version(),
         started=runtime.started,
         policy_digest=runtime.policy_digest,
     )
     runtime.reconciler = reconciler
-    async with _running(reconciler.run(), "reconciler"):
+    async with _supervised(
+        app, periodic.RECONCILER, reconciler.round, POLL_INTERVAL_S, wake=reconciler.wake
+    ):
         yield
 
 
@@ -395,7 +404,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         check_target_size(request)
         check_header_sizes(request)
         return await handler(request)
-    except ProblemError as exc:
+    except Refusal as exc:
         await runtime_of(request).record_rejection(
             request,
             exc.code,
@@ -403,9 +412,10 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             resource=exc.context.get("resource"),
             client=exc.context.get("client"),
         )
-        if exc.close:
-            return await _answer_and_close(request, exc.response())
-        response = exc.response()
+        response = refusal_response(exc)
+        if request.get(CLOSE_AFTER_ANSWER):
+            # The body is not coming, or not wanted: draining it would hold the connection.
+            return await _answer_and_close(request, response)
         if exc.code in _HEAD_REFUSALS:
             # As when the head counter refuses it (proxy/connections.py): Connection:
             # close, the unread body read and dropped (aiohttp's lingering), then closed.
@@ -477,19 +487,19 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if not request.raw_path.startswith("/"):
         # An absolute-form target (a client using the proxy as its HTTP_PROXY) or "*"
         # names no route of ours and cannot be forwarded as is: refused before anything.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST, "the request target must be a path (origin-form, /...)"
         )
     check_header_encoding(request.headers)
     stripped = forwarding.strips_meaningful_header(request.headers)
     if stripped is not None:
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"the Connection header names {stripped}, which cannot be removed in transit",
         )
     match = runtime.policy.match(request.method, request.path)
     if match is None:
-        raise ProblemError(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
+        raise Refusal(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
     if match.route.fenced:
         return await fenced.handle(request, match, runtime)
     return await _pass_through(request, match, runtime)

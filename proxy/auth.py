@@ -25,8 +25,8 @@ from aiohttp import web
 
 from core.codes import ErrorCode
 from core.fencing import Clients
+from core.records import Refusal
 from policies import AuthClient, Listen, Policy, Right
-from proxy.problems import ProblemError
 from proxy.requests import CREDENTIAL_VERIFIED, single_header
 from proxy.tls import client_subject
 
@@ -186,18 +186,16 @@ def require(request: web.Request, right: Right, resource: str | None = None) -> 
     client = authenticate(request)
     if client is None:
         if not credentials.admin_api_on:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.UNAUTHORIZED, "the admin API is off: no admin token is configured"
             )
         wanted = "a client's key or the admin token" if credentials.required else "admin token"
-        raise ProblemError(
-            ErrorCode.UNAUTHORIZED, f"this call needs Authorization: Bearer <{wanted}>"
-        )
+        raise Refusal(ErrorCode.UNAUTHORIZED, f"this call needs Authorization: Bearer <{wanted}>")
     if not client.holds(right):
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.FORBIDDEN,
             f"client {client.name!r} may not {right.value} (auth.clients[].may)",
-            client=client.name,
+            {"client": client.name},
         )
     request[CLIENT] = client
     # Its connection is kept while its body comes (proxy/connections.py).
@@ -217,12 +215,11 @@ def guard(request: web.Request, right: Right, resource: str | None = None) -> Au
 
 def check_scope(client: AuthClient | None, resource: str | None) -> None:
     if client is not None and not client.covers(resource):
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.FORBIDDEN_RESOURCE,
             f"client {client.name!r} may not act on {resource or 'rows of no resource'}: "
             "it matches none of its resources globs",
-            client=client.name,
-            resource=resource,
+            {"client": client.name, "resource": resource},
         )
 
 

@@ -13,11 +13,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.records import EffectState
+from core.records import EffectState, Refusal
 from policies import ConfigError
 from proxy import cli_reload, cli_serve, cli_store, operations
 from proxy.identity import STATE_DIR_ENV
-from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, OperationRefused
+from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from proxy.terminal import printable
 from store import StoreError
 
@@ -54,7 +54,7 @@ def _main(argv: Sequence[str] | None) -> None:
         for line in str(exc).splitlines() or [f"{exc.filename}: cannot be read"]:
             print(f"  {line}", file=sys.stderr)
         sys.exit(1)
-    except OperationRefused as refused:
+    except Refusal as refused:
         # The admin API's problem+json says the same: its detail and its code.
         print(f"fenceproxy: {printable(refused.detail)} ({refused.code})", file=sys.stderr)
         sys.exit(1)

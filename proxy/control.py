@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -15,9 +14,8 @@ from core.codes import ErrorCode
 from core.records import LeaseRecord, Refusal
 from policies import AuthClient, Right
 from proxy import auth, openapi, operations, reloading
-from proxy.operations import OperationRefused
 from proxy.presentation import lease_view_json
-from proxy.problems import ProblemError, refusal_response
+from proxy.problems import refusal_response
 from proxy.quotas import over_acquire_rate, quota_subject
 from proxy.requests import (
     CREDENTIAL_VERIFIED,
@@ -42,11 +40,11 @@ def add_routes(app: web.Application, metrics: bool = True) -> None:
     """The control API; `metrics: False` when they are served on a listener of their own."""
 
     def get(path: str, handler: Handler) -> None:
-        app.router.add_get(path, _refusals_as_problems(handler))
+        app.router.add_get(path, handler)
 
     def post(path: str, handler: Handler) -> None:
         # 100 Continue only once the token and admin checks passed (see read_body).
-        app.router.add_post(path, _refusals_as_problems(handler), expect_handler=defer_continue)
+        app.router.add_post(path, handler, expect_handler=defer_continue)
 
     post(f"{PREFIX}/leases", acquire)
     get(f"{PREFIX}/leases", show_lease)
@@ -76,28 +74,12 @@ def add_metrics_route(app: web.Application) -> None:
     app.router.add_get("/_fence/metrics", metrics)
 
 
-def _refusals_as_problems(handler: Handler) -> Handler:
-    """An operation's refusal is a problem+json like any other: the middleware records
-    it as a rejection and answers it with the code's status."""
-
-    @functools.wraps(handler)
-    async def handle(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except OperationRefused as refused:
-            raise ProblemError(refused.code, refused.detail, **refused.context) from None
-
-    return handle
-
-
 def _presented_token(request: web.Request) -> str:
     token = single_header(request, "Fence-Token")
     if token is None:
-        raise ProblemError(
-            ErrorCode.MISSING_TOKEN, "this call needs the lease's Fence-Token header"
-        )
+        raise Refusal(ErrorCode.MISSING_TOKEN, "this call needs the lease's Fence-Token header")
     if not well_formed(token):
-        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
+        raise Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
     return token
 
 
@@ -156,7 +138,7 @@ def verify_presented_key(request: web.Request) -> None:
     (fenceproxy_client does): a valid one verifies the request at once, so that its
     connection is kept even while its token is looked up behind a flood's. Any other
     key, or none, is not judged here: the token is the capability."""
-    with contextlib.suppress(ProblemError):
+    with contextlib.suppress(Refusal):
         if auth.authenticate(request) is not None:
             request[CREDENTIAL_VERIFIED] = True
 
@@ -235,7 +217,7 @@ async def reload_policy(request: web.Request) -> web.Response:
     try:
         reloaded = await reloading.reload_policy(runtime, request.config_dict[UPSTREAMS])
     except reloading.ReloadRefused as refused:
-        raise ProblemError(ErrorCode.RELOAD_REFUSED, str(refused)) from None
+        raise Refusal(ErrorCode.RELOAD_REFUSED, str(refused)) from None
     return web.json_response(reloaded.as_json())
 
 
@@ -289,10 +271,10 @@ async def show_effect(request: web.Request) -> web.Response:
         effect_id = request.match_info["effect_id"]
     history = await operations.effect_history(runtime_of(request).store, effect_id)
     if holder_lease is not None and history.effect.resource != holder_lease.resource:
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.WRONG_RESOURCE,
             f"the Fence-Token's lease guards {holder_lease.resource}, not this effect's resource",
-            resource=holder_lease.resource,
+            {"resource": holder_lease.resource},
         )
     return web.json_response(history.as_json())
 
@@ -308,7 +290,7 @@ async def _holder_lease(request: web.Request) -> LeaseRecord | None:
     token = _presented_token(request)
     lease = await runtime_of(request).store.lease_of_token(token_hash(token))
     if lease is None:
-        raise ProblemError(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
+        raise Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
     return lease
 
 
@@ -362,7 +344,7 @@ def _operator(client: AuthClient, named: object) -> object:
     followed by the person it names, if any."""
     if client is auth.ADMIN:
         if named is None:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.INVALID_REQUEST,
                 "operator is required with the admin token: it is shared, so name who decides",
             )

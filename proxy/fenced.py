@@ -22,12 +22,19 @@ from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend, receipt_event
 from core.probing import Conclusion
-from core.records import EffectRecord, EffectState, IdempotencyRecord, StoredResponse
+from core.records import (
+    EffectRecord,
+    EffectState,
+    IdempotencyRecord,
+    Refusal,
+    StoredResponse,
+    fence_headers,
+)
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
-from proxy import failpoints, forwarding
+from proxy import failpoints, forwarding, periodic
 from proxy.auth import CREDENTIALS
-from proxy.problems import ProblemError, problem, refusal_response
+from proxy.problems import problem, refusal_response
 from proxy.requests import (
     fingerprint,
     idempotency_key,
@@ -48,55 +55,50 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     assert route.resource is not None
     if any(segment in ("", ".", "..") for segment in request.path.split("/")[1:]):
         # One object, one resource: "a/../b", "./b" and "b" must not be fenced apart.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not have empty, '.' or '..' segments",
-            route=route.name,
+            {"route": route.name},
         )
     if "\x00" in request.path:
         # The effect keeps its path (the probe's parameters are read from it), and
         # PostgreSQL's text cannot hold a NUL: refused on every store alike.
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             "the path of a fenced route may not hold a NUL (%00)",
-            route=route.name,
+            {"route": route.name},
         )
     refused = route.resource.refused_value(match.params)
     if refused is not None:
         # A value that holds the template's own separators could pass for another
         # resource's structure, in or out of a client's globs (policies/templates.py).
         name, char = refused
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"path parameter {{{name}}} may not contain {char!r}: it separates the parts "
             f"of resource {route.resource.raw!r}",
-            route=route.name,
-            parameter=name,
+            {"route": route.name, "parameter": name},
         )
     resource = route.resource.render(match.params)
     if not RESOURCE_RE.match(resource):
-        raise ProblemError(
-            ErrorCode.INVALID_REQUEST, "the path names no valid resource", route=route.name
+        raise Refusal(
+            ErrorCode.INVALID_REQUEST, "the path names no valid resource", {"route": route.name}
         )
     try:
         token = single_header(request, "Fence-Token")
         if token is None:
-            raise ProblemError(
-                ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header"
-            )
+            raise Refusal(ErrorCode.MISSING_TOKEN, f"route {route.name} needs a Fence-Token header")
         if not well_formed(token):
-            raise ProblemError(
-                ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued"
-            )
+            raise Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
         key = idempotency_key(request)
         if key is None and route.idempotency.required:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.MISSING_IDEMPOTENCY_KEY,
                 f"route {route.name} needs an Idempotency-Key header",
             )
         await refuse_unissued_token_before_inviting(request, token, runtime.store)
         body = await read_body(request, route.max_body_bytes)
-    except ProblemError as exc:
+    except Refusal as exc:
         exc.context.update(route=route.name, resource=resource)
         raise
     new = NewEffect(
@@ -152,9 +154,9 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
 
 
 # After a lost admission answer the store is asked again at once, then, if it does not
-# answer, in the background with pauses growing to this bound until it does.
+# answer, in the background with pauses growing from this one (proxy/periodic.py)
+# until it does.
 UNSENT_RETRY_FIRST_S = 0.2
-UNSENT_RETRY_MAX_S = 10.0
 
 
 async def _settle_lost_admission(
@@ -228,24 +230,22 @@ async def _settle_unsent(runtime: Runtime, lost: AdmissionInDoubt) -> EffectReco
 
 
 async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
-    pause_s = UNSENT_RETRY_FIRST_S
-    while True:
-        await asyncio.sleep(pause_s)
-        try:
-            effect = await _settle_unsent(runtime, lost)
-        except StoreError as exc:
-            log.warning("%s is not settled yet: %s", lost.effect_id, exc)
-            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
-            continue
-        except Exception:
-            # A bug must not end the settling: the record would wait for the sweep.
-            runtime.metrics.count_background_failure("settle-unsent")
-            log.exception("settling %s failed", lost.effect_id)
-            pause_s = min(pause_s * 2, UNSENT_RETRY_MAX_S)
-            continue
+    async def settle() -> None:
+        effect = await _settle_unsent(runtime, lost)
         state = "not recorded" if effect is None else effect.state.value
         log.info("the effect %s of a lost admission answer is settled: %s", lost.effect_id, state)
-        return
+
+    # Neither a store that does not answer nor a bug ends it: the record would wait for
+    # the sweep.
+    await periodic.Periodic(
+        periodic.SETTLE_UNSENT,
+        settle,
+        UNSENT_RETRY_FIRST_S,
+        runtime.metrics.count_background_failure,
+        wait_first=True,
+        until_done=True,
+        about=f" of {lost.effect_id}",
+    ).run()
 
 
 # Without a probe, the recovery window stays open until an operator closes it: a worker
@@ -327,11 +327,7 @@ async def _dispatch_admitted(
     failpoints.reach(failpoints.ADMITTED)
     route = match.route
     effect = admitted.effect
-    fence = {
-        "Fence-Epoch": str(effect.epoch),
-        "Fence-Resource": effect.resource,
-        "Fence-Effect-Id": effect.id,
-    }
+    fence = fence_headers(effect.resource, epoch=effect.epoch, effect_id=effect.id)
     answer: forwarding.UpstreamResponse | None = None
     try:
         # Anything that fails before the request is handed to the client is certain
@@ -510,12 +506,8 @@ def _committed_by_reconciliation(
 
 
 def _replay(record: IdempotencyRecord) -> web.Response:
-    fence = {
-        "Fence-Epoch": str(record.epoch),
-        "Fence-Resource": record.resource,
-        "Fence-Effect-Id": record.effect_id,
-        forwarding.REPLAYED: "true",
-    }
+    fence = fence_headers(record.resource, epoch=record.epoch, effect_id=record.effect_id)
+    fence[forwarding.REPLAYED] = "true"
     stored = record.response
     if stored is None:
         # Settled by a probe or an operator: committed, but no response was ever seen.

@@ -40,7 +40,6 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-FENCE_HEADERS = ("Fence-Epoch", "Fence-Resource", "Fence-Effect-Id")
 REPLAYED = "Idempotent-Replayed"
 # Never forwarded (besides every `Fence-*`): the lease secret and fence headers only the
 # proxy may set upstream, framing the client recomputes, and Host, the upstream's.
@@ -155,7 +154,7 @@ def new_client_session(
 class UpstreamPools:
     """Two sessions per upstream, fenced and pass-through, each with its own connection
     limit (the upstream's `pool`): with one shared pool, slow pass-through reads that
-    need no token could take every connection and fail fenced writes (issue 8, item 4).
+    need no token could take every connection and fail fenced writes.
     Both forward at most once (`new_client_session`) and verify an https upstream with
     its own CA bundle (`upstream_context`)."""
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from core.leasing_advice import OTHER_GROUP, Ending, group_of
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
+from proxy import periodic
 from store import CAME_BACK, Purged, Receipt, Store
 from store.postgres import PostgresConnector
 
@@ -68,10 +69,12 @@ class Metrics:
             self.reloads.labels(result)
         self.background_failures = Counter(
             "fenceproxy_background_failures",
-            "Rounds of a background loop (reconciler, collector) that failed unexpectedly",
+            "Rounds of a background loop (proxy/periodic.py) that failed unexpectedly",
             ["loop"],
             registry=self.registry,
         )
+        for loop in periodic.LOOPS:
+            self.background_failures.labels(loop)
         self.upstream_latency = Histogram(
             "fenceproxy_upstream_latency_seconds",
             "Time from sending a request upstream to its complete answer",

@@ -1,7 +1,7 @@
 """What an operator can ask of the proxy, written once for the admin API and the CLI.
 
 Each operation takes plain arguments (raw text is validated here, not by the
-caller) and a Store, and returns a typed result or raises `OperationRefused`
+caller) and a Store, and returns a typed result or raises a `Refusal`
 with the `ErrorCode` a client sees. `proxy/control.py` turns a refusal into
 problem+json and `proxy/cli.py` into its one-line message; neither checks
 anything of its own, so the two cannot disagree about what is allowed.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -34,6 +34,7 @@ from core.leasing_advice import (
 )
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal, Rejection
 from policies import RESOURCE_RE, Policy
+from policies.keys import DAY_S
 from policies.model import MAX_RESOURCE_CHARS, RESOURCE_CHARS
 from policies.store_backends import store_backend
 from proxy.presentation import lease_entry_json, replica_json
@@ -59,27 +60,8 @@ OUTCOMES = {
 }
 
 
-class OperationRefused(Exception):
-    """An operation that will not be carried out: what the client is told, and why."""
-
-    def __init__(
-        self, code: ErrorCode, detail: str, context: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(detail)
-        # An unknown code is a bug caught where it is raised (ValueError), not later
-        # by a caller that cannot map it to a status or an exit.
-        self.code = ErrorCode(code)
-        self.detail = detail
-        self.context = dict(context or {})
-
-    @classmethod
-    def from_refusal(cls, refusal: Refusal) -> OperationRefused:
-        """The store's own refusals reach the caller as the same error as ours."""
-        return cls(refusal.code, refusal.detail, refusal.context)
-
-
-def _invalid(detail: str) -> OperationRefused:
-    return OperationRefused(ErrorCode.INVALID_REQUEST, detail)
+def _invalid(detail: str) -> Refusal:
+    return Refusal(ErrorCode.INVALID_REQUEST, detail)
 
 
 def _shown(value: str) -> str:
@@ -138,8 +120,8 @@ def outcome(raw: object) -> EffectState:
     return decided
 
 
-def _not_found(effect_id: str) -> OperationRefused:
-    return OperationRefused.from_refusal(reconciliation.no_effect(effect_id))
+def _not_found(effect_id: str) -> Refusal:
+    return reconciliation.no_effect(effect_id)
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -218,7 +200,7 @@ async def probe(
     note = None if reason is None else required_text(reason, "reason")
     result = await reconciliation.probe(store, session, policy, effect_id, actor, note)
     if isinstance(result, Refusal):
-        raise OperationRefused.from_refusal(result)
+        raise result
     return result
 
 
@@ -231,11 +213,11 @@ async def resolve(
     who = required_text(operator, "operator")
     result = await reconciliation.resolve(store, effect_id, settled_as, why, who)
     if isinstance(result, Refusal):
-        raise OperationRefused.from_refusal(result)
+        raise result
     return result
 
 
-# --- lease sizing (issue 9) --------------------------------------------------------------
+# --- lease sizing --------------------------------------------------------------
 
 # A resource glob: resource characters and fnmatch's * ? [ ] !
 GLOB_CHARS = r"*?\[\]!" + RESOURCE_CHARS
@@ -243,10 +225,10 @@ GLOB_RE = re.compile(rf"[{GLOB_CHARS}]{{1,{MAX_RESOURCE_CHARS}}}\Z")
 # Digits, a point, an exponent: no "nan", "inf", "1_0" or spaces, which float() takes.
 _NUMBER = re.compile(r"[0-9.eE+-]{1,32}\Z")
 MAX_MARGIN = 100.0
-MAX_POLL_INTERVAL_S = 86400.0
+MAX_POLL_INTERVAL_S = DAY_S
 MAX_TARGETS = 20
 MAX_GRID_POINTS = 100
-MAX_GRID_LEASE_S = 86400.0 * 365
+MAX_GRID_LEASE_S = DAY_S * 365
 
 
 def _number(raw: str, field: str, rule: str) -> float:
@@ -356,7 +338,7 @@ async def lease_advice(
     return advise(recorded.lives, recorded.latencies, fenced_routes(policy), request, recorded.now)
 
 
-# --- the status page (issue 12) ----------------------------------------------------------
+# --- the status page ----------------------------------------------------------
 
 # Replicas listed on the status page: those that wrote their row in the last few minutes
 # (each writes one every reconcile.prober.REPLICA_BEAT_INTERVAL_S).

@@ -68,28 +68,10 @@ def http_error_problem(error: web.HTTPException) -> web.Response:
 
 
 def refusal_response(refusal: Refusal, headers: dict[str, str] | None = None) -> web.Response:
+    """The problem document of a refusal, returned or raised; a lease held or a rate
+    limit says when to try again."""
     extra = dict(headers or {})
     retry_after = refusal.context.get("retry_after_s")
     if refusal.code in (ErrorCode.LEASE_HELD, ErrorCode.RATE_LIMITED) and retry_after is not None:
         extra["Retry-After"] = str(retry_after)
     return problem(refusal.code, refusal.detail, extra or None, **refusal.context)
-
-
-class ProblemError(Exception):
-    """Raised by request parsing helpers; the middleware turns it into a response."""
-
-    def __init__(
-        self, code: ErrorCode, detail: str, *, close: bool = False, **context: Any
-    ) -> None:
-        super().__init__(detail)
-        # Checked now, while the handler runs: the middleware's ProblemError branch
-        # could not turn a bad code into a problem document any more.
-        self.code = ErrorCode(code)
-        self.detail = detail
-        self.context = context
-        # Answered, then the connection closed (proxy/app.py): the request's body is
-        # not coming, or not wanted, and draining it would hold the connection.
-        self.close = close
-
-    def response(self) -> web.Response:
-        return problem(self.code, self.detail, **self.context)

@@ -1,4 +1,4 @@
-"""Quotas on acquires (issue 8, item 1): whose quota an acquire counts against, and
+"""Quotas on acquires: whose quota an acquire counts against, and
 the acquire rate. The live-lease cap is decided in the acquire's own transaction
 (core/fencing.py `decide_acquire`); the rate is checked here first, in memory, so a
 flood of acquires over it costs the store nothing.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from core.codes import ErrorCode
 from core.quotas import retry_after_s
 from core.records import Refusal
 from proxy.auth import CLIENT
@@ -37,7 +38,7 @@ def over_acquire_rate(runtime: Runtime, subject: str, resource: str) -> Refusal 
     if wait_s == 0:
         return None
     return Refusal(
-        "rate_limited",
+        ErrorCode.RATE_LIMITED,
         f"{subject} is acquiring faster than quotas.acquires_per_s allows "
         f"({quotas.acquires_per_s:g} a second after a burst of {quotas.burst})",
         {"resource": resource, "retry_after_s": retry_after_s(wait_s)},

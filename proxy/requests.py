@@ -1,4 +1,4 @@
-"""Reading and validating what a client sent, refusing with a ProblemError."""
+"""Reading and validating what a client sent, refusing with a `Refusal`."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from aiohttp import hdrs, web
 from multidict import MultiMapping
 
 from core.codes import ErrorCode
-from core.records import LeaseRecord
+from core.records import LeaseRecord, Refusal
 from policies import HOLDER_RE, LeaseBounds
-from proxy.problems import ProblemError, problem
+from proxy.problems import problem
 from proxy.tokens import token_hash
 from store import Store
 
@@ -41,28 +41,26 @@ def single_header(request: web.Request, name: str) -> str | None:
     """The header's one value; two copies of a header that carries authority are ambiguous."""
     values = request.headers.getall(name, [])
     if len(values) > 1:
-        raise ProblemError(ErrorCode.INVALID_REQUEST, f"the {name} header appears more than once")
+        raise Refusal(ErrorCode.INVALID_REQUEST, f"the {name} header appears more than once")
     return values[0] if values else None
 
 
 def check_target_size(request: web.Request) -> None:
     if len(request.raw_path) > MAX_TARGET:
-        raise ProblemError(ErrorCode.URI_TOO_LONG, f"the request target is over {MAX_TARGET} bytes")
+        raise Refusal(ErrorCode.URI_TOO_LONG, f"the request target is over {MAX_TARGET} bytes")
 
 
 def check_header_sizes(request: web.Request) -> None:
     total = 0
     for name, value in request.raw_headers:
         if len(value) > MAX_HEADER_VALUE:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.HEADERS_TOO_LARGE,
                 f"header {name.decode('latin-1')} is over {MAX_HEADER_VALUE} bytes",
             )
         total += len(name) + len(value)
     if total > MAX_HEADER_TOTAL:
-        raise ProblemError(
-            ErrorCode.HEADERS_TOO_LARGE, f"headers are over {MAX_HEADER_TOTAL} bytes"
-        )
+        raise Refusal(ErrorCode.HEADERS_TOO_LARGE, f"headers are over {MAX_HEADER_TOTAL} bytes")
 
 
 def valid_idempotency_key(key: str) -> bool:
@@ -72,7 +70,7 @@ def valid_idempotency_key(key: str) -> bool:
 def idempotency_key(request: web.Request) -> str | None:
     key = single_header(request, "Idempotency-Key")
     if key is not None and not valid_idempotency_key(key):
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             "Idempotency-Key must be 1-255 characters of A-Z a-z 0-9 - . _ ~ : @, "
             "and not '.' or '..'",
@@ -87,7 +85,7 @@ def check_header_encoding(headers: MultiMapping[str]) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise ProblemError(
+            raise Refusal(
                 ErrorCode.INVALID_REQUEST,
                 f"the value of header {name.encode('ascii', 'backslashreplace').decode()} "
                 "is not UTF-8",
@@ -136,12 +134,10 @@ async def lease_before_body(request: web.Request, token: str, store: Store) -> L
     async with _unverified_wait(request, "its token's lookup"):
         lease = await store.lease_of_token(token_hash(token))
     if lease is None:
-        raise ProblemError(
-            ErrorCode.INVALID_TOKEN,
-            "the Fence-Token is not one this proxy issued",
-            # The body that may still come is not waited for, nor drained.
-            close=expects_continue(request) or body_pending(request),
-        )
+        # The body that may still come is not waited for, nor drained.
+        if expects_continue(request) or body_pending(request):
+            request[CLOSE_AFTER_ANSWER] = True
+        raise Refusal(ErrorCode.INVALID_TOKEN, "the Fence-Token is not one this proxy issued")
     # The proxy's clock, not the store's: this only decides which connections may be
     # shed, never whether the lease holds (the store decides that, by its own clock).
     if lease.live(time.time()):
@@ -177,6 +173,9 @@ UNVERIFIED_WAIT = web.RequestKey("unverified_wait", UnverifiedWait)
 # Set once the request's credential is verified: a configured client's key or
 # certificate (proxy/auth.py `require`), or a live lease's token (`lease_before_body`).
 CREDENTIAL_VERIFIED = web.RequestKey("credential_verified", bool)
+# Set on a request refused while its body may still be coming: its answer is sent, then
+# the connection closed (proxy/app.py), since that body is not wanted.
+CLOSE_AFTER_ANSWER = web.RequestKey("close_after_answer", bool)
 SHED_DETAIL = (
     "the proxy needed the room: this connection, waiting (for {what}) on a request with "
     "no verified credential, was the one waiting longest (limits.max_connections, "
@@ -197,8 +196,8 @@ async def _unverified_wait(request: web.Request, what: str) -> AsyncIterator[Non
         yield
     except ConnectionError:
         if wait is not None and wait.shed:
-            raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what)) from None
-        raise ProblemError(
+            raise Refusal(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what)) from None
+        raise Refusal(
             ErrorCode.INVALID_REQUEST, f"the connection closed during the wait for {what}"
         ) from None
     finally:
@@ -206,7 +205,7 @@ async def _unverified_wait(request: web.Request, what: str) -> AsyncIterator[Non
             wait.end()
     if wait is not None and wait.shed:
         # Shed while the wait ended by itself: its answer is gone, so nothing more.
-        raise ProblemError(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what))
+        raise Refusal(ErrorCode.OVERLOADED, SHED_DETAIL.format(what=what))
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -218,10 +217,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         # Refused before reading a byte of it (and before inviting it, below).
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"the body is {declared} bytes; the limit is {limit}",
-            limit=limit,
+            {"limit": limit},
         )
     if expects_continue(request):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -232,11 +231,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         async with _unverified_wait(request, "its body"), asyncio.timeout(timeout_s):
             return await _read_body(request, limit)
     except TimeoutError:
-        raise ProblemError(
+        request[CLOSE_AFTER_ANSWER] = True
+        raise Refusal(
             ErrorCode.REQUEST_TIMEOUT,
             f"the body did not arrive within {timeout_s:g} s",
-            close=True,
-            limit_s=timeout_s,
+            {"limit_s": timeout_s},
         ) from None
 
 
@@ -250,8 +249,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     async for chunk in request.content.iter_chunked(65536):
         size += len(chunk)
         if size > limit:
-            raise ProblemError(
-                ErrorCode.PAYLOAD_TOO_LARGE, f"the body is over {limit} bytes", limit=limit
+            raise Refusal(
+                ErrorCode.PAYLOAD_TOO_LARGE, f"the body is over {limit} bytes", {"limit": limit}
             )
         chunks.append(chunk)
     return b"".join(chunks)
@@ -264,15 +263,15 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProblemError(ErrorCode.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
+        raise Refusal(ErrorCode.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
     except RecursionError:
         # Nesting deeper than the parser's stack: no control body is more than one level.
-        raise ProblemError(ErrorCode.INVALID_REQUEST, "the body is nested too deeply") from None
+        raise Refusal(ErrorCode.INVALID_REQUEST, "the body is nested too deeply") from None
     if not isinstance(data, dict):
-        raise ProblemError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
+        raise Refusal(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})",
         )
@@ -281,7 +280,7 @@ async def json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]
 
 def holder_name(value: Any) -> str:
     if not isinstance(value, str) or not HOLDER_RE.match(value):
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST, "holder must be 1-128 characters of A-Z a-z 0-9 . _ : @ -"
         )
     return value
@@ -294,13 +293,12 @@ def ttl(data: dict[str, Any], bounds: LeaseBounds) -> float:
         return bounds.default_ttl_s
     value = data["ttl_s"]
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise ProblemError(ErrorCode.INVALID_REQUEST, "ttl_s must be a number of seconds")
+        raise Refusal(ErrorCode.INVALID_REQUEST, "ttl_s must be a number of seconds")
     if not bounds.min_ttl_s <= value <= bounds.max_ttl_s:
-        raise ProblemError(
+        raise Refusal(
             ErrorCode.INVALID_REQUEST,
             f"ttl_s must be between {bounds.min_ttl_s:g} and {bounds.max_ttl_s:g}",
-            min_ttl_s=bounds.min_ttl_s,
-            max_ttl_s=bounds.max_ttl_s,
+            {"min_ttl_s": bounds.min_ttl_s, "max_ttl_s": bounds.max_ttl_s},
         )
     return float(value)
 

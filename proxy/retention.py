@@ -10,25 +10,22 @@ a backlog is worked off in bounded steps, never in one long transaction. On
 PostgreSQL one replica at a time does it (an advisory lock; the others' passes
 delete nothing); on SQLite the proxy is the only process.
 
-The loop outlives any failure: it logs it, counts an unexpected one in
-`fenceproxy_background_failures_total{loop="retention"}`, and backs off.
+The loop (proxy/periodic.py, `retention`) outlives any failure of a round: it logs
+it, counts an unexpected one, and backs off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from policies import Retention
-from store import Purged, Store, StoreUnavailable
+from store import Purged, Store
 
 log = logging.getLogger("fenceproxy.retention")
 
 INTERVAL_S = 60.0
-# After a failed round: INTERVAL_S x 2, x 4 ... up to x 16.
-MAX_BACKOFF_DOUBLINGS = 4
 
 
 class RetentionCollector:
@@ -37,14 +34,10 @@ class RetentionCollector:
         store: Store,
         retention: Retention,
         on_deleted: Callable[[Purged], None] = lambda purged: None,
-        on_failure: Callable[[], None] = lambda: None,
-        interval_s: float = INTERVAL_S,
     ) -> None:
         self.store = store
         self.retention = retention
         self.on_deleted = on_deleted
-        self.on_failure = on_failure
-        self.interval_s = interval_s
         # Set to run a round now (tests, or an operator's tooling in-process).
         self.wake = asyncio.Event()
         # Rounds ended (deleted, found nothing, or failed): what has run since the start.
@@ -78,32 +71,19 @@ class RetentionCollector:
             # admissions queued for the writer) run between them.
             await asyncio.sleep(0)
 
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                purged, passes = await self.collect()
-                failures = 0
-                if purged:
-                    log.info(
-                        "retention: deleted %d effects, %d rejections, %d leases and %d"
-                        " resources in %d passes",
-                        purged.effects,
-                        purged.rejections,
-                        purged.leases,
-                        purged.resources,
-                        passes,
-                    )
-            except StoreUnavailable as exc:
-                failures += 1
-                log.warning("retention paused, store unavailable: %s", exc)
-            except Exception:
-                # Whatever went wrong, the loop must live on: nothing else deletes.
-                failures += 1
-                self.on_failure()
-                log.exception("retention round failed")
+    async def round(self) -> None:
+        """One round of the loop: passes until the backlog is worked off."""
+        try:
+            purged, passes = await self.collect()
+        finally:
             self.rounds += 1
-            pause = self.interval_s * 2 ** min(failures, MAX_BACKOFF_DOUBLINGS)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), pause)
-            self.wake.clear()
+        if purged:
+            log.info(
+                "retention: deleted %d effects, %d rejections, %d leases and %d"
+                " resources in %d passes",
+                purged.effects,
+                purged.rejections,
+                purged.leases,
+                purged.resources,
+                passes,
+            )

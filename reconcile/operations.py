@@ -4,8 +4,8 @@ what is in doubt, a probe now, an operator's decision.
 The admin API (`proxy/control.py`) and the CLI (`proxy/cli_store.py`) reach these by
 one path: `proxy/operations.py` checks what the operator sent, then calls these
 (`in_doubt` takes nothing to check, and both call it directly). A refusal is
-returned as a `Refusal`, as the store returns its own, and raised there as the
-`OperationRefused` both faces present.
+returned as a `Refusal`, as the store returns its own, and raised there for both
+faces to present.
 """
 
 from __future__ import annotations

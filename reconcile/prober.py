@@ -11,7 +11,6 @@ the schedule lives in the store, so probing resumes after a restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,11 +21,11 @@ from yarl import URL
 
 from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
-from core.records import EffectRecord
+from core.records import EffectRecord, fence_headers
 from core.send_deadline import sent_by
 from policies import Policy, Route
 from policies.tls import upstream_context
-from store import Store, StoreUnavailable
+from store import Store
 
 log = logging.getLogger("fenceproxy.reconcile")
 
@@ -57,7 +56,7 @@ async def ask_upstream(
     session: aiohttp.ClientSession, route: Route, effect: EffectRecord
 ) -> tuple[int | None, str | None]:
     """(status, None) if the upstream answered, (None, why) if it did not."""
-    headers = {"Fence-Effect-Id": effect.id, "Fence-Resource": effect.resource}
+    headers = fence_headers(effect.resource, effect_id=effect.id)
     return await ask_upstream_about(
         session, route, probe_path(route, effect.path, effect.idempotency_key), headers
     )
@@ -117,7 +116,7 @@ async def probe_unknown_key(
     assert route.reconcile is not None
     asked_at = await store.now()
     status, error = await ask_upstream_about(
-        session, route, probe_path(route, path, key), {"Fence-Resource": resource}
+        session, route, probe_path(route, path, key), fence_headers(resource)
     )
     verdict = judge_probe(status, error, route.reconcile, since, asked_at)
     log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
@@ -183,7 +182,6 @@ class Reconciler:
         policy: Policy,
         deadline_margin_s: float,
         on_probe: Callable[[str], None] = lambda conclusion: None,
-        on_failure: Callable[[], None] = lambda: None,
         version: str = "unknown",
         started: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -198,7 +196,6 @@ class Reconciler:
         self.policy_digest = policy_digest
         self.deadline_margin_s = deadline_margin_s
         self.on_probe = on_probe
-        self.on_failure = on_failure
         self.wake = asyncio.Event()
         self.version = version
         self.clock = clock
@@ -207,32 +204,17 @@ class Reconciler:
         self.last_probe: float | None = None
         self.last_beat: float | None = None
 
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                now = self.clock()
-                if self.last_sweep is None or now - self.last_sweep >= SWEEP_INTERVAL_S:
-                    swept = await self.store.recover(None, self.deadline_margin_s)
-                    self.last_sweep = now
-                    if swept:
-                        log.warning("effects past their deadline now UNKNOWN: %s", swept)
-                await self.probe_due()
-                await self.beat()
-                failures = 0
-            except StoreUnavailable as exc:
-                failures += 1
-                log.warning("reconciliation paused, store unavailable: %s", exc)
-            except Exception:
-                # Whatever went wrong, the loop must live on: effects in doubt are only
-                # ever settled by it (or an operator).
-                failures += 1
-                self.on_failure()
-                log.exception("reconciliation round failed")
-            pause = POLL_INTERVAL_S * 2 ** min(failures, 5) if failures else POLL_INTERVAL_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), pause)
-            self.wake.clear()
+    async def round(self) -> None:
+        """One round of the loop (proxy/periodic.py runs it every POLL_INTERVAL_S, or
+        at once when `wake` is set): the sweep when due, the probes due, the beat."""
+        now = self.clock()
+        if self.last_sweep is None or now - self.last_sweep >= SWEEP_INTERVAL_S:
+            swept = await self.store.recover(None, self.deadline_margin_s)
+            self.last_sweep = now
+            if swept:
+                log.warning("effects past their deadline now UNKNOWN: %s", swept)
+        await self.probe_due()
+        await self.beat()
 
     async def probe_due(self) -> None:
         # Claim long enough for a probe to finish, so no other prober takes it meanwhile.

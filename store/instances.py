@@ -76,7 +76,7 @@ class Instances(StorePart):
 
         await self.connector.read(operation)
 
-    # -- the status page (issue 12): this instance and the others --------------
+    # -- the status page: this instance and the others --------------
 
     async def record_replica(
         self,

@@ -1,4 +1,4 @@
--- All SQL of the PostgreSQL backend, as named blocks loaded by proxy/store/queries.py.
+-- All SQL of the PostgreSQL backend, as named blocks loaded by store/queries.py.
 -- Every decision about a resource first takes its row lock (lock_resource), so
 -- replicas sharing the database decide one at a time per resource; the query
 -- names and results are the SQLite file's.
@@ -65,7 +65,7 @@ UPDATE leases SET expires_at = :expires_at, renewals = renewals + 1, last_ttl_s 
 WHERE resource = :resource AND epoch = :epoch
 
 -- mark_came_back --
--- Its holder presented the token after the lease expired: it was alive (issue 9).
+-- Its holder presented the token after the lease expired: it was alive.
 UPDATE leases SET came_back_at = :now
 WHERE resource = :resource AND epoch = :epoch AND came_back_at IS NULL
 
@@ -467,7 +467,7 @@ INSERT INTO heartbeats (instance_id, at) VALUES (:instance_id, :now)
 ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
 
 -- record_replica --
--- The status page's view of this instance (issue 12), from the reconciler's loop.
+-- The status page's view of this instance, from the reconciler's loop.
 INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at,
                       policy_digest, oldest_peer)
 VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at,
@@ -563,7 +563,7 @@ SELECT * FROM fenceproxy_receipt(
     :status, :headers, :body, :key_settled_by, :kind, :actor, :conclusion)
 
 -- recovery_window --
--- Issue 18 §1: the recovery window after lost history (store/history.py); NULL: closed.
+-- The recovery window after lost history (store/history.py); NULL: closed.
 -- And what the primary says of its standbys (any role sees their rows and the
 -- settings; their sync_state needs pg_read_all_stats, else NULL).
 SELECT m.recovery_opened_at, m.recovery_reason, r.standbys, r.sync_states,

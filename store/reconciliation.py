@@ -4,6 +4,7 @@ counted."""
 from __future__ import annotations
 
 from core import lifecycle
+from core.codes import ErrorCode
 from core.lifecycle import Event, check_resolvable
 from core.records import EffectEvent, EffectRecord, EffectState, Refusal
 from store.base import Tx
@@ -160,7 +161,9 @@ class Reconciliation(StorePart):
         async def operation(tx: Tx) -> EffectRecord | Refusal:
             row = await locked_effect(tx, effect_id)
             if row is None:
-                return Refusal("not_found", f"no effect {effect_id}", {"effect_id": effect_id})
+                return Refusal(
+                    ErrorCode.NOT_FOUND, f"no effect {effect_id}", {"effect_id": effect_id}
+                )
             refusal = check_resolvable(effect_record(row), tx.now)
             if refusal is not None:
                 return refusal

@@ -1,5 +1,5 @@
-"""The refusal record: bounded by what exists, not by requests (issue 17, item 5), and
-written so that no refusal is counted twice (issue 22, item 6).
+"""The refusal record: bounded by what exists, not by requests, and
+written so that no refusal is counted twice.
 
 Every refusal the proxy gives is evidence and goes on record, but as one more in a count:
 one row of `refusals` per (resource, code, route, epoch, holder, client), with its count,

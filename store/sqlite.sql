@@ -1,4 +1,4 @@
--- All SQL of the SQLite backend, as named blocks loaded by proxy/store/queries.py.
+-- All SQL of the SQLite backend, as named blocks loaded by store/queries.py.
 -- Writes run inside BEGIN IMMEDIATE, which serialises writers on the file; the
 -- PostgreSQL file takes row locks instead.
 
@@ -46,7 +46,7 @@ UPDATE leases SET expires_at = :expires_at, renewals = renewals + 1, last_ttl_s 
 WHERE resource = :resource AND epoch = :epoch
 
 -- mark_came_back --
--- Its holder presented the token after the lease expired: it was alive (issue 9).
+-- Its holder presented the token after the lease expired: it was alive.
 UPDATE leases SET came_back_at = :now
 WHERE resource = :resource AND epoch = :epoch AND came_back_at IS NULL
 
@@ -438,7 +438,7 @@ INSERT INTO heartbeats (instance_id, at) VALUES (:instance_id, :now)
 ON CONFLICT (instance_id) DO UPDATE SET at = excluded.at
 
 -- record_replica --
--- The status page's view of this instance (issue 12), from the reconciler's loop.
+-- The status page's view of this instance, from the reconciler's loop.
 INSERT INTO replicas (instance_id, version, started_at, seen_at, last_sweep_at, last_probe_at,
                       policy_digest, oldest_peer)
 VALUES (:instance_id, :version, :started_at, :now, :last_sweep_at, :last_probe_at,
@@ -580,7 +580,7 @@ SELECT :id, :now, :kind, :actor, :upstream_status, :conclusion, :reason
 WHERE :conclusion IS NOT NULL;
 
 -- recovery_window --
--- Issue 18 §1 (see postgres.sql): never opened on SQLite, which has no standby.
+-- The recovery window (see postgres.sql): never opened on SQLite, which has no standby.
 SELECT recovery_opened_at, recovery_reason, NULL AS standbys, NULL AS sync_states,
     NULL AS synchronous_standby_names, NULL AS synchronous_commit
 FROM store_meta

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from core.leasing_advice import LeaseLife
 from core.lifecycle import Transition
 from core.records import EffectRecord
+from policies.route_keys import RETAIN_S
 from store.history import RecoveryWindow
 
 
@@ -109,7 +110,7 @@ class StoreIdentity:
 
 
 # Effects admitted before retention ran from settlement did not record their route's.
-DEFAULT_RETAIN_S = 86400.0
+DEFAULT_RETAIN_S = RETAIN_S.default
 # What one lease-advice read takes at most of each (the newest): bounded whatever the
 # store holds, and plenty for percentiles.
 MAX_ADVICE_ROWS = 100_000

@@ -1,4 +1,4 @@
-"""The header flood of issue 17 item 4, as a client: many connections each sending
+"""A header flood without a credential, as a client: many connections each sending
 header after header of a request head that never ends, no credential needed.
 
 Used by the process test (tests/integration/processes/test_header_flood.py, scaled

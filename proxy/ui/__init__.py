@@ -1,4 +1,4 @@
-"""The operator's status page (issue 12): GET /_fence/ui/ on the proxy's own port.
+"""The operator's status page: GET /_fence/ui/ on the proxy's own port.
 
 The page is a shell rendered by jinja2 (autoescaped) that holds no store data: its
 script (static/status.js) asks for a key once, keeps it in the tab's sessionStorage
@@ -17,8 +17,8 @@ import jinja2
 from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
+from core.records import Refusal
 from proxy.auth import CREDENTIALS
-from proxy.problems import ProblemError
 
 PREFIX = "/_fence/ui"
 _HERE = Path(__file__).parent
@@ -73,7 +73,7 @@ async def static_file(request: web.Request) -> web.FileResponse:
     name = request.match_info["name"]
     content_type = STATIC_FILES.get(name)
     if content_type is None:
-        raise ProblemError(ErrorCode.NO_ROUTE, f"the status page has no file {name!r}")
+        raise Refusal(ErrorCode.NO_ROUTE, f"the status page has no file {name!r}")
     return web.FileResponse(STATIC / name, headers={hdrs.CONTENT_TYPE: content_type})
 
 

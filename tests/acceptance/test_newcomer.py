@@ -1,4 +1,4 @@
-"""What a newcomer meets first, run as a user runs it (issue 13): ports to choose and a
+"""What a newcomer meets first, run as a user runs it: ports to choose and a
 busy one refused in one line (`make run`, `serve`), `store migrate` saying what it
 did, `check-config` naming a missing key, a refused probe, and a SQLite backup taken
 while the proxy runs, restored and fenced.

@@ -1,4 +1,4 @@
-"""The client where `auth:` is on and the listener speaks TLS (issue 19 item 1), against
+"""The client where `auth:` is on and the listener speaks TLS, against
 real processes: `fenceproxy serve` and the demo upstream on free ports of 127.0.0.1.
 
 A client key scoped to `supplier:*` leases and writes there, is refused outside its

@@ -1,4 +1,4 @@
-"""Work inside the lease is told when the lease is lost (issue 20 item 6), against the
+"""Work inside the lease is told when the lease is lost, against the
 real proxy and demo upstream: an operator revokes the lease (or it runs out) while the
 work goes on. Async: the `cancel_on_lost` block is cancelled and the `async with`
 raises LeaseLost; sync: `lease.check()` raises LeaseLost between steps.

@@ -1,4 +1,4 @@
-"""The client keeps its lease long enough for the write (issue 20 item 5), against the
+"""The client keeps its lease long enough for the write, against the
 real proxy and demo upstream: a route whose upstream timeout is 2 s, a lease of 2.5 s
 renewed in the background (every third of its ttl, so only 2/3 of it, 1.67 s, is sure
 to be left), and a worker writing in a loop.

@@ -68,7 +68,7 @@ BUG_C = "retention-from-admission"
 BUG_D = "resend-frees-committed-key"
 BUG_E = "single-attempt-spent-in-settle-window"
 CONTRADICTION_DROPPED = "contradiction-dropped"
-# Issue 22, item 6: an open effect left without its key's record, by an effect under
+# An open effect left without its key's record, by an effect under
 # the same key settling NOT_* (a probe's "not found" while a resend is on its way), or
 # by garbage collection of a committed send's expired record.
 KEY_FREED_UNDER_OPEN = "key-freed-under-an-open-effect"
@@ -474,7 +474,7 @@ class Checker:
             others = [self.effects[s] for s in key.effects if s != info.seq]
             if any(tables.in_doubt(o.state) for o in others):
                 # It ended NOT_*, and the key went with it, while another effect under
-                # the key is still open (issue 22: a resend on its way).
+                # the key is still open (a resend on its way).
                 return KEY_FREED_UNDER_OPEN
             if key.route.upstream_idempotent and any(o.state == tables.COMMITTED for o in others):
                 # One effect of the operation ended NOT_*, and the key went with it, while

@@ -2,8 +2,8 @@
 after every step (tests/simulation/invariants.py).
 
 The simulation was written against the code before core/lifecycle.py and found the
-five defects of issue 7 there, plus contradictions dropped without a trace; later, a
-key taken from an open resend (issue 22, item 6). Each has the seed that found it
+five defects of the lifecycle there, plus contradictions dropped without a trace; later, a
+key taken from an open resend. Each has the seed that found it
 below, and must now run clean. The runs here tolerate no
 violation at all (invariants.EXPECTED_TO_FAIL_BEFORE_FIX is empty).
 
@@ -117,7 +117,7 @@ KNOWN_BUGS: dict[str, tuple[int, int, Evidence]] = {
     BUG_E: (37, 248, TRUTHFUL),
     # a probe that contradicts the operator's (wrong) NOT_COMMITTED leaves no trace.
     CONTRADICTION_DROPPED: (3, 44, HOSTILE),
-    # Issue 22, item 6 (found by invariant I7 and the resend race, world.RESEND_RACE):
+    # A key freed under an open resend (found by invariant I7 and world.RESEND_RACE):
     # E29 is admitted resending E25, a probe of E25 answers 404 before E29 lands, and
     # settling E25 NOT_COMMITTED deleted the key's record while E29 was on its way.
     KEY_FREED_UNDER_OPEN: (24, 203, TRUTHFUL),

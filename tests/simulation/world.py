@@ -646,7 +646,7 @@ class World:
         self.note(f"{label}: E{seq} admitted{resent}; upstream {fate.value}, {mode.value}{slow}")
         if result.resends and self.rng.random() < RESEND_RACE:
             # The prober asks about the sends this one resends before it lands: a "not
-            # found" settles them while the resend is on its way (issue 22, item 6).
+            # found" settles them while the resend is on its way.
             await self.do_probe(immediate=True)
         if d.held:
             return

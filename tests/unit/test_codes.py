@@ -15,7 +15,7 @@ from core.codes import ErrorCode
 from core.records import Refusal
 from proxy import openapi
 from proxy.app import problem_middleware
-from proxy.problems import ProblemError, problem
+from proxy.problems import problem
 
 ERRORS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "errors.md"
 
@@ -76,17 +76,19 @@ def test_problem_body_keeps_its_shape_with_the_table_title() -> None:
     }
 
 
-def test_a_refusal_takes_a_code_by_its_string_but_refuses_an_unknown_one() -> None:
-    assert Refusal("stale_epoch", "old").code is ErrorCode.STALE_EPOCH
-    with pytest.raises(ValueError, match="no_such_code"):
-        Refusal("no_such_code", "a typo in a rule")
+def test_a_refusal_takes_an_error_code_and_refuses_its_string() -> None:
+    """mypy rejects a string where the code goes; an untyped caller is stopped where the
+    refusal is made, not by a response nobody can map to a status."""
+    assert Refusal(ErrorCode.STALE_EPOCH, "old").code is ErrorCode.STALE_EPOCH
+    with pytest.raises(TypeError, match="'stale_epoch'"):
+        Refusal("stale_epoch", "a code by its string")  # type: ignore[arg-type]
 
 
 async def test_an_unknown_code_reaching_the_middleware_is_an_internal_error(
     aiohttp_client: AiohttpClient,
 ) -> None:
     async def raises(request: web.Request) -> web.Response:
-        raise ProblemError("no_such_code", "raised")  # type: ignore[arg-type]
+        raise Refusal("no_such_code", "raised")  # type: ignore[arg-type]
 
     async def returns(request: web.Request) -> web.Response:
         return problem("no_such_code", "returned")  # type: ignore[arg-type]

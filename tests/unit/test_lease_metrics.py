@@ -1,4 +1,4 @@
-"""The lease metrics' labels stay bounded whatever names clients lease (issue 9)."""
+"""The lease metrics' labels stay bounded whatever names clients lease."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lease-sizing math of issue 9 (core/lease_turns.py, core/leasing_advice.py),
+"""The lease-sizing math (core/lease_turns.py, core/leasing_advice.py),
 pinned by the worked example and its edge cases."""
 
 from __future__ import annotations

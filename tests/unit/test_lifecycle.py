@@ -137,7 +137,7 @@ def test_the_history_words_are_the_ones_the_admin_api_shows() -> None:
 
 
 def test_a_freed_key_passes_to_the_earliest_other_open_effect_under_it() -> None:
-    # The first send settles NOT_COMMITTED while its resends are open (issue 22, item 6).
+    # The first send settles NOT_COMMITTED while its resends are open.
     assert key_heir("eff_1", ["eff_1", "eff_2", "eff_3"]) == "eff_2"
     assert key_heir("eff_2", ["eff_1", "eff_2"]) == "eff_1"
     assert key_heir("eff_1", ["eff_1"]) is None

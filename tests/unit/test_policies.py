@@ -1247,7 +1247,7 @@ def test_every_retention_problem_is_reported_at_once() -> None:
     ]
 
 
-# --- limits and upstream pools (issue 8, items 3 and 4) -----------------------------------
+# --- limits and upstream pools -----------------------------------
 
 
 def test_limits_and_pools_have_defaults_when_absent() -> None:

@@ -1,4 +1,4 @@
-"""Quotas on acquires (issue 8, item 1): the `quotas:` block, the acquire-rate token
+"""Quotas on acquires: the `quotas:` block, the acquire-rate token
 buckets (bounded whatever the subjects), and the live-lease cap as decide_acquire
 applies it. Time is passed in: nothing here waits on a clock."""
 
@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from core.codes import ErrorCode
 from core.fencing import Grant, LiveLeases, decide_acquire
 from core.quotas import AcquireRate, retry_after_s
 from core.records import Refusal, ResourceState
@@ -198,7 +199,7 @@ def test_a_held_resource_is_lease_held_whatever_the_subject_holds() -> None:
 
 
 def test_rate_limited_answers_429_with_retry_after() -> None:
-    refusal = Refusal("rate_limited", "too fast", {"resource": "r", "retry_after_s": 4})
+    refusal = Refusal(ErrorCode.RATE_LIMITED, "too fast", {"resource": "r", "retry_after_s": 4})
     response = refusal_response(refusal)
     assert response.status == 429
     assert response.headers["Retry-After"] == "4"

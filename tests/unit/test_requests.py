@@ -13,8 +13,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
+from core.records import Refusal
 from policies import LeaseBounds
-from proxy.problems import ProblemError
 from proxy.requests import (
     BODY_TIMEOUT,
     MAX_HEADER_TOTAL,
@@ -37,7 +37,7 @@ def mocked(*headers: tuple[str, str]) -> web.Request:
     return make_mocked_request("POST", "/orders/widget", headers=CIMultiDict(headers))
 
 
-def invalid_request(error: pytest.ExceptionInfo[ProblemError]) -> ProblemError:
+def invalid_request(error: pytest.ExceptionInfo[Refusal]) -> Refusal:
     assert error.value.code == "invalid_request"
     return error.value
 
@@ -91,7 +91,7 @@ def test_valid_holder_names_are_returned(value: str) -> None:
 
 @pytest.mark.parametrize("value", ["", "H" * 129, "a/b", "a+b", "a=b", "two words", "w\n", 7, None])
 def test_bad_holder_names_are_invalid_request(value: object) -> None:
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         holder_name(value)
     assert "holder must be 1-128 characters" in invalid_request(error).detail
 
@@ -112,7 +112,7 @@ def test_ttl_within_bounds_inclusive_is_accepted(value: float, expected: float) 
 
 @pytest.mark.parametrize("value", [0.999, 300.001, 0, -5, float("inf"), float("-inf")])
 def test_ttl_outside_bounds_is_invalid_request(value: float) -> None:
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         ttl({"ttl_s": value}, BOUNDS)
     problem = invalid_request(error)
     assert problem.detail == "ttl_s must be between 1 and 300"
@@ -121,7 +121,7 @@ def test_ttl_outside_bounds_is_invalid_request(value: float) -> None:
 
 @pytest.mark.parametrize("value", [None, True, False, "30", float("nan"), [30], {"s": 30}])
 def test_ttl_that_is_not_a_number_is_invalid_request(value: object) -> None:
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         ttl({"ttl_s": value}, BOUNDS)
     assert invalid_request(error).detail == "ttl_s must be a number of seconds"
 
@@ -150,7 +150,7 @@ def test_a_dot_segment_or_a_character_a_url_layer_may_rewrite_is_refused(key: st
     # "." and ".." are removed from a path by RFC 3986 §5.2.4; '/', '?', '#' end or split
     # the segment; '%' is decoded by the upstream; sub-delims are re-quoted by some clients.
     assert not valid_idempotency_key(key)
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         idempotency_key(mocked(("Idempotency-Key", key)))
     assert "A-Z a-z 0-9 - . _ ~ : @" in invalid_request(error).detail
 
@@ -165,7 +165,7 @@ def test_a_header_value_that_is_not_utf8_is_invalid_request() -> None:
     # aiohttp holds bytes that are not UTF-8 as surrogates (surrogateescape).
     undecodable = b"caf\xe9".decode("utf-8", "surrogateescape")
     check_header_encoding(CIMultiDict([("X-Name", "café")]))
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         check_header_encoding(CIMultiDict([("X-Ok", "1"), ("X-Name", undecodable)]))
     assert invalid_request(error).detail == "the value of header X-Name is not UTF-8"
 
@@ -176,7 +176,7 @@ def test_absent_idempotency_key_is_none() -> None:
 
 @pytest.mark.parametrize("value", ["has space", "k" * 256, "tab\tkey", "ümlaut"])
 def test_bad_idempotency_key_is_invalid_request(value: str) -> None:
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         idempotency_key(mocked(("Idempotency-Key", value)))
     assert "Idempotency-Key must be 1-255 characters of" in invalid_request(error).detail
 
@@ -187,13 +187,13 @@ def test_longest_idempotency_key_is_accepted() -> None:
 
 def test_header_sent_twice_is_ambiguous() -> None:
     request = mocked(("Fence-Token", "a"), ("Fence-Token", "b"))
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         single_header(request, "Fence-Token")
     assert "appears more than once" in invalid_request(error).detail
 
 
 def test_idempotency_key_sent_twice_is_invalid_request() -> None:
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         idempotency_key(mocked(("Idempotency-Key", "a"), ("Idempotency-Key", "a")))
     invalid_request(error)
 
@@ -206,7 +206,7 @@ def test_single_header_returns_the_one_value_or_none() -> None:
 
 def test_header_value_over_the_limit_is_refused_and_at_the_limit_passes() -> None:
     check_header_sizes(mocked(("X-Big", "v" * MAX_HEADER_VALUE)))  # does not raise
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         check_header_sizes(mocked(("X-Big", "v" * (MAX_HEADER_VALUE + 1))))
     assert error.value.code == "headers_too_large"
 
@@ -214,14 +214,14 @@ def test_header_value_over_the_limit_is_refused_and_at_the_limit_passes() -> Non
 def test_headers_over_the_total_limit_are_refused() -> None:
     count = MAX_HEADER_TOTAL // MAX_HEADER_VALUE + 1
     headers = [(f"X-H{i}", "v" * MAX_HEADER_VALUE) for i in range(count)]
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         check_header_sizes(mocked(*headers))
     assert error.value.code == "headers_too_large"
 
 
 async def test_declared_body_over_the_limit_is_refused_before_reading() -> None:
     request = mocked(("Content-Length", "101"))
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         await read_body(request, 100)
     assert error.value.code == "payload_too_large"
     assert error.value.context == {"limit": 100}
@@ -258,7 +258,7 @@ async def test_a_body_all_here_is_read_without_arming_the_body_timer(
     monkeypatch.setattr(asyncio, "timeout", counted)
     assert await read_body(_body_request(4, b"body", True, 5.0), 100) == b"body"
     assert armed == []
-    with pytest.raises(ProblemError) as error:
+    with pytest.raises(Refusal) as error:
         await read_body(_body_request(8, b"body", False, 0.01), 100)  # 4 bytes never come
     assert error.value.code == "request_timeout"
     assert armed == [0.01]

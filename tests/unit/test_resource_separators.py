@@ -1,4 +1,4 @@
-"""A resource template's separators (issue 17, item 7): per parameter, the characters
+"""A resource template's separators: per parameter, the characters
 its value may not hold, derived from the literal text around it; templates whose
 parameters cannot be told apart refused at load; `check-config` says what is refused."""
 

@@ -1,5 +1,5 @@
 """A lease's standing: its client is judged by the configuration in force now, not the
-one it was granted under (issue 17, item 6). Plain records, an explicit `now`."""
+one it was granted under. Plain records, an explicit `now`."""
 
 from __future__ import annotations
 

@@ -12,11 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from core.records import LeaseRecord
+from core.records import LeaseRecord, Refusal
 from policies import AuthClient, Right
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.control import verify_presented_key
-from proxy.problems import ProblemError
 from proxy.requests import CREDENTIAL_VERIFIED, lease_before_body
 from store import Store
 
@@ -100,6 +99,6 @@ async def test_only_a_live_leases_token_is_a_credential(
 
 async def test_a_token_never_issued_is_refused_before_the_body() -> None:
     request = renew_request(("Fence-Token", TOKEN))
-    with pytest.raises(ProblemError) as refused:
+    with pytest.raises(Refusal) as refused:
         await lease_before_body(request, TOKEN, cast(Store, OneLease(None)))
     assert refused.value.code == "invalid_token"

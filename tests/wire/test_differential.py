@@ -1,4 +1,4 @@
-"""The differential test (issue 17, item 2): what goes in comes out, against real processes.
+"""The differential test: what goes in comes out, against real processes.
 
 A raw worker (tests/wire/raw_client.py) sends the bytes Hypothesis built to
 `fenceproxy serve`; the recording upstream (tests/wire/recording_upstream.py) logs
@@ -42,7 +42,7 @@ from tests.wire.conftest import MAX_BODY_BYTES, WireStack, wait_for
 from tests.wire.raw_client import WorkerAnswer, WorkerRequest, exchange
 from tests.wire.recording_upstream import body_bytes, header_text
 
-# Rules the code on main breaks (issue 17, before the wire-fixes branch), each with the
+# Rules the code on main broke before the wire-fixes branch, each with the
 # explicit @example below that shows it: remove each rule here once it is fixed. The
 # three marked "still" also fail on wire-fixes as of 4169ba0; the others pass there.
 WAIVED_BY_DEFAULT: frozenset[str] = frozenset()

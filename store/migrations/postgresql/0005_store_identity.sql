@@ -1,4 +1,4 @@
--- The store's identity (issue 8, item 5): see the SQLite migration 0007. A new
+-- The store's identity: see the SQLite migration 0007. A new
 -- PostgreSQL database gets a new random store_id, so a proxy instance that remembers
 -- another one refuses to start on it (an empty database cannot be told from a fresh one
 -- by anything inside it).

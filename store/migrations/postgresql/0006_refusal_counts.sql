@@ -1,5 +1,5 @@
 -- Refusals of requests that carry no valid credential (no_route, missing_token, ...),
--- counted rather than kept one row each (issue 8, item 1): anyone can send them, so
+-- counted rather than kept one row each: anyone can send them, so
 -- one row per request would let a client without a token fill the disk.
 -- One row per (code, route, resource, method, path); route and resource are '' when
 -- there is none, so the key has no NULL (a NULL would never conflict, and the upsert

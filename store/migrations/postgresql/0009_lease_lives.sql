@@ -1,4 +1,4 @@
--- Every lease's whole life, for `fenceproxy lease-advice` (issue 9). Additive only:
+-- Every lease's whole life, for `fenceproxy lease-advice`. Additive only:
 -- new nullable (or defaulted) columns and an index.
 -- * granted_ttl_s: the TTL its holder asked for at grant (NULL: granted before this).
 -- * renewals, last_ttl_s: how often it was renewed, and the TTL of the last renewal.

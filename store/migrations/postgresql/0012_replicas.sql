@@ -1,4 +1,4 @@
--- The status page's service panel (issue 12): see the SQLite migration 0014.
+-- The status page's service panel: see the SQLite migration 0014.
 CREATE TABLE replicas (
     instance_id TEXT PRIMARY KEY,
     version TEXT NOT NULL,

@@ -1,4 +1,4 @@
--- A fenced request in five round trips (issue 11): the admission's read is one call,
+-- A fenced request in five round trips: the admission's read is one call,
 -- the receipt one statement. Neither function decides anything: the rules stay in
 -- core/ (Python); these only read what a decision needs, or write what one decided.
 

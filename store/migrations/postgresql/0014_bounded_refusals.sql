@@ -1,4 +1,4 @@
--- The refusal record, bounded by what exists rather than by requests (issue 17, item 5).
+-- The refusal record, bounded by what exists rather than by requests.
 -- One row per (resource, code, route, epoch, holder, client) with its count, first and
 -- last time seen, and a sample of the latest request (method, truncated path and body
 -- fingerprint; never a body, a token or a header). '' and 0 stand for "none", so the key
@@ -70,7 +70,7 @@ DROP TABLE refusal_counts;
 -- The admission's lock on the resource row (migration 0013) taken without updating the
 -- row (WHERE FALSE: PostgreSQL locks the conflicting row all the same). The update left
 -- a row version per admission, refused ones included: a flood of refused writes grew
--- resources by megabytes until a vacuum (issue 17, item 5). Otherwise unchanged.
+-- resources by megabytes until a vacuum. Otherwise unchanged.
 CREATE OR REPLACE FUNCTION fenceproxy_admission_state(p_token_hash TEXT, p_resource TEXT, p_key TEXT)
 RETURNS TABLE (
     now DOUBLE PRECISION, store_id TEXT,

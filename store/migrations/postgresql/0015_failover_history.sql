@@ -1,4 +1,4 @@
--- Issue 18 §1: a failover to an asynchronous standby must not go unnoticed.
+-- A failover to an asynchronous standby must not go unnoticed.
 -- * history_timeline: the PostgreSQL timeline this store last wrote on (NULL until a
 --   replica first checked it). A promoted standby, or a point-in-time restore, starts
 --   a new timeline: the history after its branch point may be lost (store/history.py).

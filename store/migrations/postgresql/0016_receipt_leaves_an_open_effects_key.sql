@@ -3,8 +3,8 @@
 -- another effect under the same key is still open (a resend on its way, an earlier
 -- send in dispute). The key belongs to that effect (core/lifecycle.py key_heir), and
 -- who inherits it is decided in Python: applied is false, and the caller records the
--- receipt the long way, which passes the key on (pass_idempotency_key). Issue 22,
--- item 6: a freed key must not leave an open effect without its record.
+-- receipt the long way, which passes the key on (pass_idempotency_key): a freed
+-- key must not leave an open effect without its record.
 CREATE OR REPLACE FUNCTION fenceproxy_receipt(
     p_store_id TEXT, p_id TEXT, p_resource TEXT, p_expected TEXT, p_state TEXT,
     p_upstream_status INTEGER, p_reason TEXT, p_probe_now BOOLEAN,

@@ -1,4 +1,4 @@
--- One key commit for both paths (issue 22 §1): the step-by-step receipt
+-- One key commit for both paths: the step-by-step receipt
 -- (postgres.sql's commit_idempotency_key) and the one-statement receipt of migrations
 -- 0013 and 0016 (fenceproxy_receipt) both call fenceproxy_commit_key, so the rule of
 -- what a committed key replays is spelled once. What to commit, and who settled it

@@ -1,4 +1,4 @@
--- The store's identity (issue 8, item 5). A proxy instance remembers the store_id it
+-- The store's identity. A proxy instance remembers the store_id it
 -- last used, outside the store (proxy/identity.py); finding another id, or a store
 -- created since, means the store was deleted, replaced or recreated and its epochs may
 -- restart below ones already acknowledged, so the proxy refuses to start.

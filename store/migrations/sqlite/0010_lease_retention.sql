@@ -1,4 +1,4 @@
--- Retention of leases and resources (policy `retention.leases_days`, issue 8 item 1):
+-- Retention of leases and resources (policy `retention.leases_days`):
 -- every acquire of a new name adds a resource row and a lease row, so without it the
 -- store grows with every distinct name ever leased.
 -- * leases_by_expiry: the collector reads the leases that expired before its horizon

@@ -1,4 +1,4 @@
--- The status page's service panel (issue 12): every proxy instance writes its row from
+-- The status page's service panel: every proxy instance writes its row from
 -- the reconciler's loop every few seconds (reconcile/prober.py REPLICA_BEAT_INTERVAL_S),
 -- so the page can show each replica seen lately and what its background work last did.
 -- One row per instance id, never more: a restarted instance overwrites its own.

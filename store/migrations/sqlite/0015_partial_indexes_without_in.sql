@@ -2,7 +2,7 @@
 -- equalities instead of `state IN (...)`. Same rows, same uses; but SQLite evaluates
 -- an IN-list predicate of a partial index at a cost of its own on every row written:
 -- measured on 3.40, the receipt's UPDATE of one effect took 180 µs of CPU with these
--- three indexes spelled with IN, 6 µs spelled with OR (issue 11: CPU per fenced
+-- three indexes spelled with IN, 6 µs spelled with OR (CPU per fenced
 -- request). A query uses a partial index only if its WHERE holds the index's predicate
 -- as written, so store/sqlite.sql spells them the same way.
 DROP INDEX effects_in_doubt;

@@ -1,4 +1,4 @@
--- The refusal record, bounded by what exists rather than by requests (issue 17, item 5).
+-- The refusal record, bounded by what exists rather than by requests.
 -- One row per (resource, code, route, epoch, holder, client) with its count, first and
 -- last time seen, and a sample of the latest request (method, truncated path and body
 -- fingerprint; never a body, a token or a header). '' and 0 stand for "none", so the key

@@ -1,4 +1,4 @@
-"""Clients with keys and rights (the policy's `auth:` block, issue 8 item 6).
+"""Clients with keys and rights (the policy's `auth:` block).
 
 The proxy app runs on both stores in front of the demo upstream (conftest.py). The
 clients' keys are given as `key_sha256` (one test as `key_env`), and every call

@@ -1,5 +1,5 @@
-"""The refusal record is bounded by what exists, not by requests (issue 17, item 5), and
-its tally never counts a refusal twice (issue 22, item 6).
+"""The refusal record is bounded by what exists, not by requests, and
+its tally never counts a refusal twice.
 
 Every refusal, of any kind and from any source, is one more in a count of the record's
 one row per (resource, code, route, epoch, holder, client); a name the store does not

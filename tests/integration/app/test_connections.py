@@ -1,6 +1,6 @@
 """The guarded listener (proxy/connections.py) in front of a small aiohttp app: heads over
 the limits are answered while they arrive, legitimate framing passes, and past
-`max_connections` the connection waiting longest is closed (issue 17, item 4)."""
+`max_connections` the connection waiting longest is closed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from typing import cast
 import pytest
 from aiohttp import web
 
+from core.records import Refusal
 from proxy.connections import HEAD_LIMITS, LINGER_BYTES, ConnectionGuard
 from proxy.metrics import Metrics
-from proxy.problems import ProblemError
+from proxy.problems import refusal_response
 from proxy.requests import CREDENTIAL_VERIFIED, SHED_DETAIL, lease_before_body, read_body
 from store import Store
 
@@ -73,9 +74,9 @@ async def start_listener(
             request[CREDENTIAL_VERIFIED] = True
         try:
             data = await read_body(request, 1024)
-        except ProblemError as exc:
+        except Refusal as exc:
             refusals.append(exc.code)
-            return exc.response()
+            return refusal_response(exc)
         return web.Response(text=f"{request.path} {len(data)}")
 
     async def lookup(request: web.Request) -> web.Response:
@@ -83,9 +84,9 @@ async def start_listener(
         handled.append(request.path)
         try:
             await lease_before_body(request, "fpt_" + "A" * 43, cast(Store, SLOW_STORE))
-        except ProblemError as exc:
+        except Refusal as exc:
             refusals.append(exc.code)
-            return exc.response()
+            return refusal_response(exc)
         return web.Response(text="issued")
 
     metrics = Metrics()

@@ -1,4 +1,4 @@
-"""Refusals anyone can cause without a token cannot fill the disk (issue 8, item 1).
+"""Refusals anyone can cause without a token cannot fill the disk.
 
 Every refusal (no_route, missing_token, invalid_token, ...) is counted on the refusal
 record (store/refusals.py), one row per (resource, code, route, epoch, holder, client)

@@ -1,4 +1,4 @@
-"""Lease lives as the store records them, and the advice built from them (issue 9):
+"""Lease lives as the store records them, and the advice built from them:
 on both backends, with the test's clock, through the app's own API."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retention of leases and resources (policy `retention.leases_days`, issue 8 item 1),
+"""Retention of leases and resources (policy `retention.leases_days`),
 on SQLite and PostgreSQL.
 
 Every acquire of a new name adds a resource row and a lease row; without retention
@@ -356,7 +356,7 @@ async def vacuumed(store_url: str) -> None:
 async def test_ten_thousand_distinct_leases_are_collected_and_the_store_stops_growing(
     store: Store, store_url: str, clock: FakeClock
 ) -> None:
-    """The growth of issue 8: distinct names leased once each and released, never again
+    """The store's growth from distinct names leased once each and released, never again
     (seeded in bulk, as acquire and release leave them; the tests above go through the
     API). After the horizon the lease and resource rows go, in bounded passes, and the
     next rounds of as many reuse the space the first freed (on PostgreSQL once vacuumed,

@@ -1,4 +1,4 @@
-"""A lease's client judged by the configuration in force now (issue 17, item 6).
+"""A lease's client judged by the configuration in force now.
 
 Each test takes a lease under one policy, then starts the proxy again on the same
 store with another (a client removed, its globs narrowed, `auth:` turned on): the old

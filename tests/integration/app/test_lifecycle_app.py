@@ -1,7 +1,7 @@
 """The effect lifecycle through the whole request path: what the worker is told when
 something fails between admission and the receipt, and when evidence conflicts.
 
-"Nothing was forwarded" may be said only when no byte left (issue 7, part 1).
+"Nothing was forwarded" may be said only when no byte left.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The effect lifecycle against the store, on SQLite and PostgreSQL: every way a late,
 lost or contradicting piece of evidence used to double an effect or lie in a receipt.
 
-Each test is a deterministic sequence of store calls (issue 7, part 1). Written
+Each test is a deterministic sequence of store calls. Written
 first against the code before core/lifecycle.py, where each of them failed: a late
 receipt freed a key whose effect was settled COMMITTED, a resend's NOT_SENT freed the
 key of a committed operation, retention ran out while an effect was in doubt, and a
@@ -314,7 +314,7 @@ async def test_a_probe_that_settles_the_first_send_leaves_the_key_with_its_resen
 ) -> None:
     """The key belongs to whichever effect under it is still open: a probe's "not
     found" settles the first send NOT_COMMITTED while its resend is still on its way,
-    and the key passes to the resend instead of being freed (issue 22, item 6)."""
+    and the key passes to the resend instead of being freed."""
     token = await holder(store)
     dedup = order(upstream_idempotent=True)
     first = await admitted(store, token, dedup)

@@ -1,4 +1,4 @@
-"""Slow clients and heavy pass-through traffic cannot hold the proxy (issue 8, items 3, 4).
+"""Slow clients and heavy pass-through traffic cannot hold the proxy.
 
 A body that does not arrive within `limits.body_timeout_s` is answered 408 and its
 connection closed; headers that do not arrive within `limits.header_timeout_s` get

@@ -1,4 +1,4 @@
-"""Headers with meaning cannot be removed by a Connection header (issue 8, item 2).
+"""Headers with meaning cannot be removed by a Connection header.
 
 A `Connection` header that names a header makes it hop-by-hop: the proxy strips it
 before forwarding. Named `Idempotency-Key`, that let the proxy use the key for its own

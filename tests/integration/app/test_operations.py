@@ -14,10 +14,10 @@ import pytest
 
 from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S, Event
-from core.records import EffectState
+from core.records import EffectState, Refusal
 from policies import Policy, parse_policy
 from proxy import operations
-from proxy.operations import MAX_TEXT_CHARS, OperationRefused
+from proxy.operations import MAX_TEXT_CHARS
 from reconcile import operations as reconciliation
 from store import Admitted, NewEffect, Store
 from tests.integration.app.conftest import FakeClock, closed_port, policy_yaml
@@ -81,7 +81,7 @@ async def committed(store: Store, clock: FakeClock) -> str:
     return effect_id
 
 
-def refusal(error: pytest.ExceptionInfo[OperationRefused], code: ErrorCode) -> OperationRefused:
+def refusal(error: pytest.ExceptionInfo[Refusal], code: ErrorCode) -> Refusal:
     assert error.value.code is code, (error.value.code, error.value.detail)
     return error.value
 
@@ -173,7 +173,7 @@ async def test_settled_effects_are_not_in_doubt(
 async def test_probe_of_a_missing_effect_is_not_found(
     store: Store, policy: Policy, session: aiohttp.ClientSession
 ) -> None:
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.probe(store, session, policy, "eff_nope")
     refused = refusal(error, ErrorCode.NOT_FOUND)
     assert (refused.detail, refused.context) == ("no effect eff_nope", {"effect_id": "eff_nope"})
@@ -183,7 +183,7 @@ async def test_probe_of_a_request_in_flight_is_refused_and_records_nothing(
     store: Store, policy: Policy, session: aiohttp.ClientSession
 ) -> None:
     effect_id = await dispatching(store)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.probe(store, session, policy, effect_id)
     refusal(error, ErrorCode.EFFECT_IN_FLIGHT)
     history = await operations.effect_history(store, effect_id)
@@ -223,7 +223,7 @@ async def test_probe_on_a_route_without_a_reconcile_block_is_refused_and_counts_
     effect_id = await unknown(store, clock)
     before = await operations.effect_history(store, effect_id)
 
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.probe(store, session, policy, effect_id)
 
     refused = refusal(error, ErrorCode.NO_PROBE)
@@ -238,7 +238,7 @@ async def test_probe_of_a_settled_effect_is_refused(
     store: Store, clock: FakeClock, policy: Policy, session: aiohttp.ClientSession
 ) -> None:
     effect_id = await committed(store, clock)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.probe(store, session, policy, effect_id)
     assert refusal(error, ErrorCode.EFFECT_SETTLED).context["state"] == "COMMITTED"
 
@@ -251,7 +251,7 @@ async def test_probe_of_a_conflicting_effect_is_left_to_an_operator(
     await store.record_probe(effect_id, Event.PROBE_NOT_COMMITTED, 404, "late", None)
     assert (await store.effect(effect_id)).state is EffectState.CONFLICTING  # type: ignore[union-attr]
 
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.probe(store, session, policy, effect_id)
     refusal(error, ErrorCode.CONFLICTING_EVIDENCE)
 
@@ -277,19 +277,19 @@ async def test_resolve_keeps_the_trimmed_reason_and_the_operator(
 
 async def test_resolve_passes_the_stores_refusals_on(store: Store, clock: FakeClock) -> None:
     effect_id = await committed(store, clock)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.resolve(store, effect_id, "not_committed", "second thoughts", "bob")
     refused = refusal(error, ErrorCode.EFFECT_SETTLED)
     assert refused.context == {"effect_id": effect_id, "state": "COMMITTED"}
 
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.resolve(store, "eff_nope", "committed", "r", "bob")
     assert refusal(error, ErrorCode.NOT_FOUND).detail == "no effect eff_nope"
 
 
 async def test_resolve_of_a_request_in_flight_is_refused(store: Store) -> None:
     effect_id = await dispatching(store)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.resolve(store, effect_id, "committed", "r", "bob")
     refusal(error, ErrorCode.EFFECT_IN_FLIGHT)
 
@@ -307,7 +307,7 @@ async def test_resolve_checks_its_input_before_the_store(
     store: Store, clock: FakeClock, outcome: str, reason: str, operator: str, detail: str
 ) -> None:
     effect_id = await unknown(store, clock)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.resolve(store, effect_id, outcome, reason, operator)
     assert refusal(error, ErrorCode.INVALID_REQUEST).detail == detail
     assert (await store.effect(effect_id)).state is EffectState.UNKNOWN  # type: ignore[union-attr]
@@ -317,10 +317,10 @@ async def test_resolve_checks_its_input_before_the_store(
 
 
 async def test_revoke_checks_the_resource_and_the_reason(store: Store) -> None:
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.revoke(store, "not valid", "host lost")
     refusal(error, ErrorCode.INVALID_REQUEST)
-    with pytest.raises(OperationRefused) as error:
+    with pytest.raises(Refusal) as error:
         await operations.revoke(store, RESOURCE, "")
     refusal(error, ErrorCode.INVALID_REQUEST)
     assert (await operations.lease_view(store, RESOURCE)).epoch == 0
@@ -347,7 +347,7 @@ async def test_listings_filter_and_limit(store: Store, clock: FakeClock) -> None
         lambda: operations.list_rejections(store, None, "1001"),
     ]
     for listing in bad_listings:
-        with pytest.raises(OperationRefused) as error:
+        with pytest.raises(Refusal) as error:
             await listing()
         refusal(error, ErrorCode.INVALID_REQUEST)
 

@@ -1,4 +1,4 @@
-"""Quotas on acquires (issue 8, item 1), on SQLite and PostgreSQL: a quota subject (the
+"""Quotas on acquires, on SQLite and PostgreSQL: a quota subject (the
 holder, while there is no `auth:`) holding `quotas.live_leases` live leases, or
 acquiring faster than `quotas.acquires_per_s` after its `burst`, gets `429
 rate_limited` with `Retry-After`; nothing is granted, no epoch moves, other subjects

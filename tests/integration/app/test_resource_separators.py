@@ -1,4 +1,4 @@
-"""Scope confusion through delimiters (issue 17, item 7).
+"""Scope confusion through delimiters.
 
 Route `/tenants/{t}/orders/{id}`, resource `tenant:{t}:order:{id}`, a client scoped
 to `tenant:acme:*`. The path t=`acme:evil` used to render `tenant:acme:evil:order:1`,

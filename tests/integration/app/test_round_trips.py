@@ -1,4 +1,4 @@
-"""Round trips to PostgreSQL per fenced request (issue 11): counted by the connector
+"""Round trips to PostgreSQL per fenced request: counted by the connector
 (store/postgres.py RoundTrips), through the app, admission and receipt together.
 
 The app's background loops (the reconciler polls every 0.2 s) use the same connector,

@@ -1,4 +1,4 @@
-"""The status page's server side (issue 12), on both backends: the replicas table,
+"""The status page's server side, on both backends: the replicas table,
 GET /_fence/v1/status and /leases/recent, `fenceproxy status`, and the page's shell
 with its security headers. The page in a real browser:
 tests/integration/processes/test_status_page.py."""

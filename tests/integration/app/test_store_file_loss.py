@@ -1,5 +1,5 @@
-"""A SQLite store whose files are deleted or replaced under the open connector (issue 8,
-item 5). SQLite itself goes on committing into the unlinked inode; the connector must
+"""A SQLite store whose files are deleted or replaced under the open connector.
+SQLite itself goes on committing into the unlinked inode; the connector must
 notice, refuse to acknowledge anything more, and keep refusing."""
 
 from __future__ import annotations

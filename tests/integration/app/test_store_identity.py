@@ -1,5 +1,5 @@
-"""The store's identity and the instance's memory of it, on both backends (issue 8,
-item 5): a proxy instance never starts on a store it does not know, unless the store
+"""The store's identity and the instance's memory of it, on both backends: a
+proxy instance never starts on a store it does not know, unless the store
 was fenced after the instance last started or the operator said `--new-store`."""
 
 from __future__ import annotations

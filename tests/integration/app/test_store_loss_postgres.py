@@ -1,4 +1,4 @@
-"""A PostgreSQL store replaced under the open pool (issue 8, item 5): every transaction
+"""A PostgreSQL store replaced under the open pool: every transaction
 reads the store's id with the clock, in the same round trip, and a store that is no
 longer the one opened answers nothing more."""
 

@@ -1,4 +1,4 @@
-"""A PostgreSQL pool with no free connection (issue 18): an acquire waits at most
+"""A PostgreSQL pool with no free connection: an acquire waits at most
 `store_pool.acquire_timeout_s`, then is 503 store_unavailable with Retry-After, and
 /_fence/readyz says not ready, instead of both hanging (or readyz answering 200)."""
 

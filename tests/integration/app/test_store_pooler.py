@@ -1,5 +1,5 @@
 """The PostgreSQL store behind pgbouncer (started by the tests, tests/pgbouncer.py),
-and the store when the server says no (issue 18, items 2 and 3).
+and the store when the server says no.
 
 Behind a pooler in transaction mode, asyncpg's named statements collide across server
 connections: with `store_pool.statement_cache: false` two replicas work through one,

@@ -1,4 +1,4 @@
-"""Issue 8 item 6, end to end: with an `auth:` block, a process without a client's key
+"""Clients and rights, end to end: with an `auth:` block, a process without a client's key
 cannot take a worker's resource, and the worker with its key can and writes through.
 
 Real processes: `fenceproxy serve` (key from its environment) in front of the demo

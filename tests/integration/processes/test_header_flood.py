@@ -1,4 +1,4 @@
-"""Memory without a credential (issue 17, item 4), against a real `fenceproxy serve`.
+"""Memory without a credential, against a real `fenceproxy serve`.
 
 Connections sending header after header of 60 KiB with no blank line took the
 proxy from 54 MB to 2.2 GB: aiohttp's parser kept every unfinished head. Scaled

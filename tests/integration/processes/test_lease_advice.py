@@ -1,4 +1,4 @@
-"""Lease advice from real lease lives (issue 9), end to end: `fenceproxy serve` and
+"""Lease advice from real lease lives, end to end: `fenceproxy serve` and
 the demo upstream as processes, workers as processes that hold their leases for
 known durations (real sleeps: the work itself), some that outlive their 1 s lease
 and come back, some that never return (SIGKILL). Then `fenceproxy lease-advice

@@ -1,4 +1,4 @@
-"""Issue 17 item 6, end to end: a client removed from `auth:` loses its leases.
+"""A lease's standing, end to end: a client removed from `auth:` loses its leases.
 
 Real processes: client `sup` takes a lease and writes through `fenceproxy serve`; the
 proxy is stopped and started again with a configuration without `sup`. The old token

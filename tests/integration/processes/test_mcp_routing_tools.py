@@ -1,4 +1,4 @@
-"""The MCP routing example as a team would deploy it (issue 20 items 1-4), driven through
+"""The MCP routing example as a team would deploy it, driven through
 the official MCP SDK's stdio client as a host does, against real processes.
 
 1. A worker that cannot read an upstream's answer (another JSON shape, from an upstream

@@ -1,4 +1,4 @@
-"""`fenceproxy serve` gives slow clients a deadline (issue 8, item 3), as a real process.
+"""`fenceproxy serve` gives slow clients a deadline, as a real process.
 
 The in-process tests (tests/integration/app/test_limits.py) cover the rules; this
 checks that the command itself hands the header timeout to aiohttp's server and the

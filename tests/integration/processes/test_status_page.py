@@ -1,4 +1,4 @@
-"""The operator's status page (issue 12) in a real browser: Debian's headless
+"""The operator's status page in a real browser: Debian's headless
 Chromium driven by Selenium through Debian's chromedriver, against `fenceproxy
 serve` and the demo upstream as processes.
 

@@ -1,4 +1,4 @@
-"""A store lost under the proxy, or swapped while it was down (issue 8, item 5).
+"""A store lost under the proxy, or swapped while it was down.
 
 The proxy and the demo upstream are real OS processes. The tests delete the
 proxy's SQLite files with os.unlink while it runs, cap its file size with

@@ -1,4 +1,4 @@
-"""TLS on the listener and to the upstream (issue 8, TLS), with real processes.
+"""TLS on the listener and to the upstream, with real processes.
 
 `fenceproxy serve` and the demo upstream run as OS processes on free ports of
 127.0.0.1; the certificates are made by the test (tests/certificates.py): the

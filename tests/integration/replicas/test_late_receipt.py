@@ -1,4 +1,4 @@
-"""Issue 7's first defect with real processes: a stalled replica's late receipt.
+"""A stalled replica's late receipt, with real processes.
 
 1. worker A's order with Idempotency-Key k goes through replica r0; the upstream
    applies it and holds its answer back a moment;

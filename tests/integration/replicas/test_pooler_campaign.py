@@ -3,7 +3,7 @@ the seeded workload of test_replicas.py (short leases, writes through random
 replicas, stale tokens of dead leases, lost answers settled by probes and an
 operator), then every acknowledged write retried with its key through the other
 replica. Checked from the workers' records and the upstream's own: the six
-invariants of the campaign in issue 18 (grants, writes under dead leases, epochs
+invariants of the pooler campaign (grants, writes under dead leases, epochs
 at the upstream, no key applied twice, the upstream holds exactly what was
 acknowledged, no answer but the expected ones: never store_unavailable or a 500).
 

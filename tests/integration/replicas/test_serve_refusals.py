@@ -1,5 +1,5 @@
 """`fenceproxy serve` on a store it must never write to says so before its banner and
-exits non-zero (issue 18): a hot standby (a real one, tests/pgstandby.py), a database
+exits non-zero: a hot standby (a real one, tests/pgstandby.py), a database
 with default_transaction_read_only, a transaction pooler with the statement cache on.
 """
 
