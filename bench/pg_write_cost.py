@@ -6,8 +6,9 @@ Creates a fresh database (bench/postgres.py), opens the store with one connectio
 runs N fenced writes one after another, each as the proxy records one: the admission,
 then the one-statement receipt of a 200 on the effect as admitted, with a fresh
 idempotency key. It reports the CPU (utime + stime from /proc) the store's server
-process used per write, which a loaded machine disturbs far less than requests per
-second, and what the tables say was written (rows, and how many updates were HOT).
+process used per write (and this process's, the store's client side), which a loaded
+machine disturbs far less than requests per second, and what the tables say was
+written (rows, and how many updates were HOT).
 With pg_stat_statements loaded on the server, its execution time, statements and WAL
 records per write too. Run it with another checkout's virtualenv (its `.pth` names its
 checkout) to measure that checkout's SQL."""
@@ -115,10 +116,12 @@ async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]
             before_tables = await table_counts(stats)
             before_exec = await statement_counts(stats)
             cpu_before = process_cpu_s(server)
+            own_before = time.process_time()
             started = time.monotonic()
             for n in range(warmup, warmup + writes):
                 await write(n)
             elapsed = time.monotonic() - started
+            own_cpu = time.process_time() - own_before
             cpu_after = process_cpu_s(server)
             after_exec = await statement_counts(stats)
             after_tables = await table_counts(stats)
@@ -136,6 +139,8 @@ async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]
     figures: dict[str, object] = {
         "writes": writes,
         "postgres_cpu_ms_per_write": round(1000 * (cpu_after - cpu_before) / writes, 3),
+        # The client's side of the same writes: the store's Python and asyncpg.
+        "client_cpu_ms_per_write": round(1000 * own_cpu / writes, 3),
         "wall_ms_per_write": round(1000 * elapsed / writes, 3),
         "rows_written_per_write": {
             name: round((w[0] + w[1] + w[3]) / writes, 2) for name, w in written.items()
