@@ -6,10 +6,12 @@ Creates a fresh database (bench/postgres.py), opens the store with one connectio
 runs N fenced writes one after another, each as the proxy records one: the admission,
 then the one-statement receipt of a 200 on the effect as admitted, with a fresh
 idempotency key. It reports the CPU (utime + stime from /proc) the store's server
-process used per write, which a loaded machine disturbs far less than requests per
-second, and what the tables say was written (rows, and how many updates were HOT).
-With pg_stat_statements loaded on the server, its execution time per write too. Run it
-with another checkout first on PYTHONPATH to measure that checkout's SQL."""
+process used per write (and this process's, the store's client side), which a loaded
+machine disturbs far less than requests per second, and what the tables say was
+written (rows, and how many updates were HOT).
+With pg_stat_statements loaded on the server, its execution time, statements and WAL
+records per write too. Run it with another checkout's virtualenv (its `.pth` names its
+checkout) to measure that checkout's SQL."""
 
 from __future__ import annotations
 
@@ -61,17 +63,22 @@ async def table_counts(conn: asyncpg.Connection) -> dict[str, tuple[int, int, in
     return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
 
 
-async def statement_time_ms(conn: asyncpg.Connection) -> float | None:
-    """Top-level execution time so far in this database, if pg_stat_statements is loaded."""
+async def statement_counts(conn: asyncpg.Connection) -> tuple[float, int, int] | None:
+    """In this database so far, if pg_stat_statements is loaded: the top-level execution
+    time (ms), the statements run at every level (with `pg_stat_statements.track = all`,
+    those inside functions and the foreign-key checks too) and the WAL records the
+    top-level ones wrote (theirs include their nested statements'). The counts do not
+    move with the machine's load."""
     try:
-        value = await conn.fetchval(
-            "SELECT sum(total_exec_time) FROM pg_stat_statements s"
-            " JOIN pg_database d ON d.oid = s.dbid"
-            " WHERE d.datname = current_database() AND s.toplevel"
+        row = await conn.fetchrow(
+            "SELECT sum(total_exec_time) FILTER (WHERE s.toplevel), sum(calls),"
+            " sum(wal_records) FILTER (WHERE s.toplevel) FROM pg_stat_statements s"
+            " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database()"
         )
     except asyncpg.PostgresError:
         return None
-    return float(value or 0.0)
+    assert row is not None
+    return float(row[0] or 0.0), int(row[1] or 0), int(row[2] or 0)
 
 
 async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]:
@@ -107,14 +114,16 @@ async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]
             for n in range(warmup):
                 await write(n)
             before_tables = await table_counts(stats)
-            before_exec = await statement_time_ms(stats)
+            before_exec = await statement_counts(stats)
             cpu_before = process_cpu_s(server)
+            own_before = time.process_time()
             started = time.monotonic()
             for n in range(warmup, warmup + writes):
                 await write(n)
             elapsed = time.monotonic() - started
+            own_cpu = time.process_time() - own_before
             cpu_after = process_cpu_s(server)
-            after_exec = await statement_time_ms(stats)
+            after_exec = await statement_counts(stats)
             after_tables = await table_counts(stats)
         finally:
             await stats.close()
@@ -130,6 +139,8 @@ async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]
     figures: dict[str, object] = {
         "writes": writes,
         "postgres_cpu_ms_per_write": round(1000 * (cpu_after - cpu_before) / writes, 3),
+        # The client's side of the same writes: the store's Python and asyncpg.
+        "client_cpu_ms_per_write": round(1000 * own_cpu / writes, 3),
         "wall_ms_per_write": round(1000 * elapsed / writes, 3),
         "rows_written_per_write": {
             name: round((w[0] + w[1] + w[3]) / writes, 2) for name, w in written.items()
@@ -140,8 +151,10 @@ async def measure(admin_url: str, writes: int, warmup: int) -> dict[str, object]
     if before_exec is not None and after_exec is not None:
         # Includes this script's own statistics queries, which are few and cheap.
         figures["pg_stat_statements_exec_ms_per_write"] = round(
-            (after_exec - before_exec) / writes, 3
+            (after_exec[0] - before_exec[0]) / writes, 3
         )
+        figures["statements_per_write"] = round((after_exec[1] - before_exec[1]) / writes, 2)
+        figures["wal_records_per_write"] = round((after_exec[2] - before_exec[2]) / writes, 2)
     return figures
 
 

@@ -144,6 +144,21 @@ def cpu_ms_per_request(measurement: Measurement) -> dict[str, float]:
     return {name: 10 * percent / measurement.req_per_s for name, percent in groups.items()}
 
 
+def pg_fenced_cpu(run: PostgresRun) -> dict[str, float]:
+    """CPU ms per fenced request with one replica: fenceproxy's, PostgreSQL's (the
+    backends serving the bench database: on a server that other work shares, every
+    server process counts that work too) and every server process's."""
+    one = run.rounds[0]
+    if one.cpu is None or one.req_per_s <= 0:
+        return {}
+    cost = cpu_ms_per_request(one)
+    return {
+        "fenceproxy": cost["fenceproxy"],
+        "PostgreSQL": 10 * one.cpu.percent.get(PG_DB_GROUP, 0.0) / one.req_per_s,
+        "every PostgreSQL process": cost["PostgreSQL"],
+    }
+
+
 def bound_verdict(run: PostgresRun) -> list[str]:
     """What bounds two replicas' throughput, from the CPU accounted in their window."""
     ratio = run.two_over_one
@@ -231,6 +246,13 @@ def postgres_report(run: PostgresRun, sqlite: list[Measurement]) -> list[str]:
             f"  {f'machine busy, % of all {two_cpu.cores} cores':<44} "
             f"{one_cpu.machine_busy_percent:>10.1f} {two_cpu.machine_busy_percent:>10.1f}"
         )
+    fenced_cost = pg_fenced_cpu(run)
+    if fenced_cost:
+        lines.append(
+            f"CPU ms per fenced request, one replica: fenceproxy {fenced_cost['fenceproxy']:.2f}, "
+            f"PostgreSQL {fenced_cost['PostgreSQL']:.2f} (the bench database's backends; every "
+            f"server process {fenced_cost['every PostgreSQL process']:.2f})"
+        )
     trips = run.round_trips
     if trips is not None:
         lines += [
@@ -255,6 +277,9 @@ P99_EXTRA_MS = 10.0
 # The performance targets this benchmark measures.
 FENCED_OVER_PLAIN_GOAL = 0.6
 PG_OVER_SQLITE_GOAL = 0.6
+# CPU ms per fenced write on PostgreSQL, one replica: the proxy's and the database's.
+PG_PROXY_CPU_GOAL_MS = 1.0
+PG_DATABASE_CPU_GOAL_MS = 0.7
 TARGET_CONCURRENCIES = (16, 64)
 
 
@@ -343,6 +368,19 @@ def targets(
                     ratio >= PG_OVER_SQLITE_GOAL,
                 )
             )
+    fenced_cost = pg_fenced_cpu(postgres) if postgres is not None else {}
+    for name, goal in (
+        ("fenceproxy", PG_PROXY_CPU_GOAL_MS),
+        ("PostgreSQL", PG_DATABASE_CPU_GOAL_MS),
+    ):
+        if name in fenced_cost:
+            found.append(
+                (
+                    f"PostgreSQL store: {name} CPU ms per fenced request <= {goal:g}",
+                    f"{fenced_cost[name]:.2f}",
+                    fenced_cost[name] <= goal,
+                )
+            )
     return found
 
 
@@ -376,6 +414,7 @@ def json_figures(
             "statement_cache": postgres.statement_cache,
             "results": [asdict(m) for m in postgres.rounds],
             "two_over_one": postgres.two_over_one,
+            "cpu_ms_per_fenced_request": pg_fenced_cpu(postgres),
             "bound": bound_verdict(postgres),
             "round_trips_per_request": (
                 None if postgres.round_trips is None else asdict(postgres.round_trips)

@@ -122,7 +122,8 @@ WHERE i.resource = :resource AND i.key = :key
 -- commit_idempotency_key --
 -- The operation took effect: from now on its key replays (the response, if one was
 -- seen) for retain_s, whichever effect of the operation held the key before. The same
--- function as the one-statement receipt's (migration 0017).
+-- statement as the one-statement receipt's (migration 0022 spells it inside the receipt
+-- too; tests/integration/app/test_lifecycle_store.py runs both paths).
 SELECT fenceproxy_commit_key(:resource, :key, :fingerprint, :effect_id, :epoch, :expires_at,
                              :status, :headers, :body, :settled_by)
 
@@ -194,7 +195,8 @@ WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
 
 -- in_doubt_effects_in_state --
--- A state in doubt: the partial index effects_open holds only those.
+-- A state in doubt: the partial index effects_in_doubt holds only those (all of it is
+-- read, then sorted: it is small).
 SELECT * FROM effects
 WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state = :state
 ORDER BY created_at DESC LIMIT :limit
@@ -420,14 +422,14 @@ UPDATE effects SET probe_attempts = probe_attempts + :counted, next_probe_at = :
 WHERE id = :id AND state = 'UNKNOWN'
 
 -- count_in_doubt_effects_by_state --
--- Only the states in doubt, from the partial index effects_open: a scrape never
+-- Only the states in doubt, from the partial index effects_in_doubt: a scrape never
 -- counts the settled history (the settled are counted as they settle, in memory).
 SELECT state, count(*) AS n FROM effects
 WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') GROUP BY state
 
 -- blocked_resources --
 -- Resources waiting for reconciliation (a request merely in flight is not counted).
--- Spelled so that it matches the partial index effects_open's predicate.
+-- Spelled so that it matches the partial index effects_in_doubt's predicate.
 SELECT count(DISTINCT resource) AS n FROM effects
 WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING') AND state <> 'DISPATCHING'
 

@@ -134,8 +134,8 @@ CREATE TABLE effects (
 -- Every background pass, listing and metrics query reads a bounded range of an index,
 -- never the whole table:
 -- * effects_in_doubt: an admission reads its resource's unsettled effects (DISPATCHING,
---   UNKNOWN, CONFLICTING block their resource) in creation order; effects_open: all of
---   them, oldest first.
+--   UNKNOWN, CONFLICTING block their resource) in creation order; the listings over
+--   every resource read all of it (it holds few rows) and sort what is in doubt.
 -- * effects_due_probes: UNKNOWN effects due for a probe; effects_dispatching:
 --   DISPATCHING ones past their deadline.
 -- * effects_settled: the settled effects of each state by creation. Retention reads
@@ -148,8 +148,6 @@ CREATE INDEX effects_due_probes ON effects (next_probe_at) WHERE state = 'UNKNOW
 CREATE INDEX effects_in_doubt ON effects (resource, created_at)
     WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING');
 CREATE INDEX effects_dispatching ON effects (deadline) WHERE state = 'DISPATCHING';
-CREATE INDEX effects_open ON effects (created_at)
-    WHERE state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING');
 CREATE INDEX effects_settled ON effects (state, created_at)
     WHERE state IN ('COMMITTED', 'NOT_COMMITTED', 'NOT_SENT');
 CREATE INDEX effects_by_time ON effects (created_at);
@@ -393,8 +391,12 @@ BEGIN
     SELECT s.store_id, extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s
     INTO v_store_id, v_now
     FROM store_identity s, store_meta m, (SELECT count(*) FROM locked) AS held;
+    store_id := v_store_id;
+    now := v_now;
+    applied := false;
     IF v_store_id IS DISTINCT FROM p_store_id THEN
-        RETURN QUERY SELECT v_store_id, NULL::float8, false;
+        now := NULL;
+        RETURN NEXT;
         RETURN;
     END IF;
     IF p_key = 'free' AND EXISTS (
@@ -402,7 +404,7 @@ BEGIN
         WHERE o.resource = p_resource AND o.idempotency_key = p_idempotency_key
           AND o.id <> p_id AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
     ) THEN
-        RETURN QUERY SELECT v_store_id, v_now, false;
+        RETURN NEXT;
         RETURN;
     END IF;
     UPDATE effects e SET state = p_state, finished_at = v_now,
@@ -413,23 +415,40 @@ BEGIN
     WHERE e.id = p_id AND e.state = p_expected
     RETURNING e.retain_s INTO v_retain_s;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT v_store_id, v_now, false;
+        RETURN NEXT;
         RETURN;
     END IF;
     IF p_key = 'free' THEN
         DELETE FROM idempotency WHERE effect_id = p_id;
     ELSIF p_key = 'commit' THEN
-        PERFORM fenceproxy_commit_key(
-            p_resource, p_idempotency_key, p_fingerprint, p_id, p_epoch,
-            v_now + COALESCE(v_retain_s, p_default_retain_s), p_status, p_headers, p_body,
-            p_key_settled_by);
+        -- fenceproxy_commit_key's statement.
+        INSERT INTO idempotency AS i (resource, key, fingerprint, effect_id, epoch,
+                                      expires_at, response_status, response_headers,
+                                      response_body, settled_by)
+        VALUES (p_resource, p_idempotency_key, p_fingerprint, p_id, p_epoch,
+                v_now + COALESCE(v_retain_s, p_default_retain_s), p_status, p_headers,
+                p_body, p_key_settled_by)
+        ON CONFLICT (resource, key) DO UPDATE SET
+            fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
+            epoch = excluded.epoch, expires_at = excluded.expires_at,
+            response_status = CASE WHEN i.effect_id = excluded.effect_id
+                THEN COALESCE(excluded.response_status, i.response_status)
+                ELSE excluded.response_status END,
+            response_headers = CASE WHEN i.effect_id = excluded.effect_id
+                THEN COALESCE(excluded.response_headers, i.response_headers)
+                ELSE excluded.response_headers END,
+            response_body = CASE WHEN i.effect_id = excluded.effect_id
+                THEN COALESCE(excluded.response_body, i.response_body)
+                ELSE excluded.response_body END,
+            settled_by = excluded.settled_by;
     END IF;
     IF p_conclusion IS NOT NULL THEN
         INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion,
                                    detail)
         VALUES (p_id, v_now, p_kind, p_actor, p_upstream_status, p_conclusion, p_reason);
     END IF;
-    RETURN QUERY SELECT v_store_id, v_now, true;
+    applied := true;
+    RETURN NEXT;
 END
 $$;
 
@@ -448,14 +467,17 @@ $$;
 --   tells its own (0: it wrote nothing), kept once the COMMIT returned (durable with
 --   synchronous_commit on, so never issued again after a crash); a server whose next one
 --   is not past it lost that commit.
--- client_min_messages is set for the call only: a role that hides notices still hears.
+-- client_min_messages is raised to notice, for the rest of the transaction, only where
+-- it would hide the notice (warning, error): a role that hides notices still hears.
 CREATE FUNCTION fenceproxy_history_position() RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET client_min_messages = notice
 AS $$
 DECLARE
     v_flushed pg_lsn := pg_current_wal_flush_lsn();
 BEGIN
+    IF current_setting('client_min_messages') IN ('warning', 'error') THEN
+        PERFORM set_config('client_min_messages', 'notice', true);
+    END IF;
     RAISE NOTICE 'fenceproxy history % % % % %', pg_walfile_name(v_flushed), v_flushed,
         pg_current_wal_insert_lsn(), pg_snapshot_xmax(pg_current_snapshot()),
         COALESCE(pg_current_xact_id_if_assigned()::text, '0');

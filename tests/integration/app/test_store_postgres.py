@@ -426,3 +426,24 @@ async def test_a_receipt_for_another_store_writes_nothing(
         )
     finally:
         await conn.close()
+
+
+async def test_a_session_that_hides_notices_still_tells_its_history(
+    store_url: str, clock: FakeClock
+) -> None:
+    """Every transaction's history position rides on a notice: connections whose
+    client_min_messages hides notices (warning, as a role or a database may set it)
+    still hear it, so their transactions are checked, not refused for telling nothing."""
+    async with running_store(store_url, clock, query="&client_min_messages=warning") as store:
+        token_hash = await leased(store, "hushed")
+        admitted = await store.admit(token_hash, new_effect("hushed", "k-hushed"))
+        assert isinstance(admitted, Admitted), admitted
+        receipt = await store.finish_effect(
+            admitted.effect.id,
+            Event.ANSWERED_COMMITTED,
+            200,
+            "upstream answered 200",
+            None,
+            admitted=admitted.effect,
+        )
+        assert receipt.effect.state is EffectState.COMMITTED
