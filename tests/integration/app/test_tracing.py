@@ -109,12 +109,14 @@ def parent_id(span: ReadableSpan) -> int | None:
 
 def span_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    found: int = span.context.span_id
+    return found
 
 
 def trace_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.trace_id
+    found: int = span.context.trace_id
+    return found
 
 
 async def test_a_fenced_write_is_a_request_span_with_admission_upstream_and_receipt(
@@ -219,7 +221,8 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
     fence.clock.advance(3)  # past settle_s: the probe's answer is believed
 
     async def settled() -> bool:
-        return (await fence.effect(effect_id))["state"] == "COMMITTED"
+        state: str = (await fence.effect(effect_id))["state"]
+        return state == "COMMITTED"
 
     await poll_until(settled, "the probe settling the effect")
     spans = exporter.get_finished_spans()
