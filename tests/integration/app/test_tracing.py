@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -267,16 +266,3 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
     assert unknown["request_id"] and unknown["route"] == "place-order"
     assert unknown["trace_id"] == format(trace_id(request), "032x")
     assert all("key-3" not in line for line in log_lines.lines)
-
-
-def test_tracing_off_imports_no_opentelemetry_and_opens_no_scope() -> None:
-    """What a proxy without `--tracing` runs: the steps hand back the work itself."""
-    assert telemetry.spans() is None and not telemetry.requests_scoped()
-
-    async def work() -> int:
-        return 1
-
-    coroutine = work()
-    assert telemetry.step("admission", coroutine) is coroutine
-    coroutine.close()
-    assert trace.get_current_span().get_span_context().is_valid is False
