@@ -50,6 +50,10 @@ def server_options(policy: Policy) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    try:
+        telemetry.check_options(args.log_format, args.tracing)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     policy, digest = policy_and_digest_of(args)
     try:
         # Read once: a test pauses a replica at a named place (proxy/failpoints.py).

@@ -37,6 +37,16 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
+def check_options(log_format: str, tracing: str) -> None:
+    """argparse checks what is typed, not a default read from the environment."""
+    for value, choices, option, env in (
+        (log_format, LOG_FORMATS, "--log-format", LOG_FORMAT_ENV),
+        (tracing, TRACING, "--tracing", TRACING_ENV),
+    ):
+        if value not in choices:
+            raise ValueError(f"{env}={value!r}: {option} is one of {', '.join(choices)}")
+
+
 class JsonLines(logging.Formatter):
     """One JSON object per line."""
 

@@ -3,6 +3,7 @@ not even be installed), opens no scope per request, and its steps are the work i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -54,3 +55,22 @@ def test_off_a_step_is_the_work_itself_and_what_it_is_about_goes_nowhere() -> No
     coroutine.close()
     telemetry.about(effect_id="eff_1")
     assert telemetry.fields() == {}
+
+
+def test_a_log_format_or_tracing_from_the_environment_is_checked_as_typed_ones_are() -> None:
+    for name, value, said in (
+        ("FENCEPROXY_TRACING", "on", "FENCEPROXY_TRACING='on': --tracing is one of off, otlp"),
+        (
+            "FENCEPROXY_LOG_FORMAT",
+            "xml",
+            "FENCEPROXY_LOG_FORMAT='xml': --log-format is one of text, json",
+        ),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "serve", "--config", "/nonexistent.yaml"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, name: value},
+        )
+        assert (done.returncode, done.stderr) == (1, f"fenceproxy: {said}\n")
