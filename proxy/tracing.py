@@ -89,7 +89,7 @@ class OtelSpans:
 
     def annotate(self, fields: Mapping[str, Value]) -> None:
         span = self._scope.get()
-        if span is not None:
+        if span is not None and span.is_recording():
             span.set_attributes({attribute(key): value for key, value in fields.items()})
 
     def step(
@@ -99,6 +99,12 @@ class OtelSpans:
         carrier: MutableMapping[str, str] | None,
         then: Callable[[T], Mapping[str, Value]] | None,
     ) -> Awaitable[T]:
+        if not trace.get_current_span().is_recording():
+            # Not sampled: no span to time it in, but the upstream still learns the
+            # trace and that it is not sampled, as the worker's own decision says.
+            if carrier is not None:
+                self._propagator.inject(carrier)
+            return work
         return self._step(name, work, carrier, then)
 
     async def _step(

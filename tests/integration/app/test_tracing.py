@@ -266,3 +266,27 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
     assert unknown["request_id"] and unknown["route"] == "place-order"
     assert unknown["trace_id"] == format(trace_id(request), "032x")
     assert all("key-3" not in line for line in log_lines.lines)
+
+
+async def test_a_request_the_worker_did_not_sample_records_nothing_and_says_so_upstream(
+    make_fence: FenceFactory,
+    exporter: InMemorySpanExporter,
+    aiohttp_server: AiohttpServer,
+    tmp_path: Any,
+) -> None:
+    seen: Seen = []
+    fence = await make_fence(
+        upstream_url=await recording_upstream(aiohttp_server, str(tmp_path / "up.db"), seen)
+    )
+    lease = await fence.acquire("supplier:sku-4")
+    exporter.clear()
+    unsampled = f"00-{WORKER_TRACE_ID}-{WORKER_SPAN_ID}-00"
+    response = await fence.order(
+        "sku-4", lease["token"], "key-4", headers={"traceparent": unsampled}
+    )
+    assert response.status == 201, await response.text()
+    assert exporter.get_finished_spans() == ()
+    (write,) = [headers for method, path, headers in seen if method == "POST"]
+    version, trace, parent, flags = write["traceparent"].split("-")
+    assert (version, trace, flags) == ("00", WORKER_TRACE_ID, "00")
+    assert parent != WORKER_SPAN_ID  # the proxy's request, in the worker's trace
