@@ -10,6 +10,11 @@ Idempotency-Key per request) runs through each in turn, round after round, and t
 proxy's CPU per request is read from /proc over each measured window: the figure that
 holds still on a loaded machine where req/s does not. Printed: every round as it ends,
 then per variant the medians of the rounds (JSON).
+
+Beside them, `hooks_off_ns_per_write`: what the hooks a fenced write passes through
+cost with both off (the default), timed in this process without any load: the four
+`telemetry.about` calls and the three `telemetry.step` calls of one write. Below the
+noise of any round, which is the point: off, tracing costs a fenced write nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import timeit
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +39,7 @@ import yaml
 from bench.cpu import CpuSnapshot
 from bench.targets import STARTUP_TIMEOUT_S, fenceproxy_config, start_upstream
 from bench.workload import Measurement, measure
+from core import telemetry
 from support.processes import ManagedProcess, free_port
 
 # Each variant's `serve` options and environment.
@@ -141,6 +148,30 @@ def summary(rounds: dict[str, list[Measurement]]) -> dict[str, Any]:
     }
 
 
+# What one fenced write calls with tracing off: `about` for its route, its resource,
+# its effect and epoch, and its outcome (proxy/metrics.py); `step` for its admission,
+# its upstream call and its receipt.
+ABOUT_PER_WRITE = 4
+STEPS_PER_WRITE = 3
+
+
+def hooks_off_ns_per_write(calls: int = 200_000) -> float:
+    """Nanoseconds per fenced write spent in the telemetry hooks, tracing and JSON logs off."""
+    telemetry.install(None, log_fields=False)
+    work = object()
+
+    def about() -> None:
+        telemetry.about(effect_id="eff_0123456789abcdef", epoch=7)
+
+    def step() -> None:
+        telemetry.step("admission", work)  # type: ignore[arg-type]
+
+    best: dict[str, float] = {}
+    for name, call in (("about", about), ("step", step)):
+        best[name] = min(timeit.repeat(call, number=calls, repeat=5)) / calls * 1e9
+    return ABOUT_PER_WRITE * best["about"] + STEPS_PER_WRITE * best["step"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -161,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             pids[variant] = process.pid
         rounds = asyncio.run(run(args, urls, pids))
-    print(json.dumps(summary(rounds), indent=2))
+    figures = summary(rounds)
+    figures["hooks_off_ns_per_write"] = round(hooks_off_ns_per_write())
+    print(json.dumps(figures, indent=2))
     return 0
 
 
