@@ -104,6 +104,7 @@ async def scope_middleware(request: web.Request, handler: Handler) -> web.Stream
             response = await handler(request)
         except web.HTTPException as exc:  # a redirect of the status page, for one
             if span is not None:
+                span.rename(_span_name(request))
                 span.answered(exc.status)
             raise
         if span is not None:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import TypeVar
 
+from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -80,10 +81,19 @@ class OtelSpans:
             context=parent,
             kind=kind,
             attributes={attribute(key): value for key, value in fields.items()},
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             token = self._scope.set(span)
             try:
                 yield RequestScope(span)
+            except web.HTTPException:
+                # An answer raised (the status page's redirect): its status says it.
+                raise
+            except BaseException as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
             finally:
                 self._scope.reset(token)
 

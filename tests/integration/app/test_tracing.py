@@ -290,3 +290,19 @@ async def test_a_request_the_worker_did_not_sample_records_nothing_and_says_so_u
     version, trace, parent, flags = write["traceparent"].split("-")
     assert (version, trace, flags) == ("00", WORKER_TRACE_ID, "00")
     assert parent != WORKER_SPAN_ID  # the proxy's request, in the worker's trace
+
+
+async def test_a_raised_redirect_is_an_answer_not_an_error(
+    make_fence: FenceFactory, exporter: InMemorySpanExporter
+) -> None:
+    fence = await make_fence()
+    exporter.clear()
+    response = await fence.client.get("/_fence/ui", allow_redirects=False)
+    assert response.status == 302
+    spans = exporter.get_finished_spans()
+    found = [s for s in spans if s.name == "GET /_fence/ui"]
+    assert len(found) == 1, [(s.name, s.attributes) for s in spans]
+    span = found[0]
+    assert dict(span.attributes or {})["http.response.status_code"] == 302
+    assert span.status.status_code is not StatusCode.ERROR
+    assert not span.events  # no exception recorded
