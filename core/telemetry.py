@@ -81,10 +81,6 @@ def requests_scoped() -> bool:
     return _spans is not None or _log_fields
 
 
-def spans() -> Spans | None:
-    return _spans
-
-
 def fields() -> Mapping[str, Value]:
     """The identifiers of the innermost open scope (empty outside any)."""
     return _FIELDS.get() or {}
