@@ -5,11 +5,12 @@ STAMP := $(VENV)/.installed
 .PHONY: run test lint unasync docs bench mutate simulate fuzz-http refusal-flood chaos clean wheel image upgrade-test
 
 # The worker client (client/, its own distribution) goes into the same virtualenv, so
-# that its tests run against this checkout's proxy.
+# that its tests run against this checkout's proxy; so does the `otel` extra, which the
+# tracing tests need.
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -e ./client
+	$(PY) -m pip install --quiet -e '.[dev,otel]' -e ./client
 	$(PY) -c 'import site, sys; open(site.getsitepackages()[0] + "/fenceproxy-checkout.pth", "w").write(sys.argv[1] + "\n")' $(CURDIR)
 	touch $(STAMP)
 

@@ -252,6 +252,15 @@ ENVIRONMENT: dict[str, str] = {
         "used (default: the SQLite database's folder, or for PostgreSQL the policy file's)"
     ),
     "FENCEPROXY_LOG_LEVEL": "`serve`'s log level (`DEBUG`, `INFO`, `WARNING`...); default `INFO`",
+    "FENCEPROXY_LOG_FORMAT": (
+        "`serve --log-format`'s default: `text`, or `json` (one object per line with the "
+        "request id, route, resource, effect id and epoch); default `text`"
+    ),
+    "FENCEPROXY_TRACING": (
+        "`serve --tracing`'s default: `off`, or `otlp` (OpenTelemetry spans exported as the "
+        "standard `OTEL_EXPORTER_OTLP_*` variables say; needs the `otel` extra). See "
+        "How-to, tracing and JSON logs"
+    ),
     "FENCEPROXY_FAILPOINTS": (
         "for tests only: named places where `serve` stops itself (SIGSTOP), comma-separated "
         "(`admitted`, `before_send`, `sent`; `NAME:once` stops there the first time only); "

@@ -15,12 +15,15 @@ from typing import Any
 
 import aiohttp
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 
+from core import telemetry
 from core.codes import ErrorCode
 from core.lifecycle import DEADLINE_MARGIN_S
 from core.records import Refusal
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding, operations, periodic, reloading, ui
+from proxy import telemetry as proxy_telemetry
 from proxy.auth import CREDENTIALS, Credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
@@ -83,7 +86,10 @@ def build_app(
     )
     if store is None:
         store = open_store(policy.store, clock, default_instance_id(policy), policy.store_pool)
-    app = web.Application(middlewares=[capacity_middleware, problem_middleware])
+    middlewares: list[Middleware] = [capacity_middleware, problem_middleware]
+    if telemetry.requests_scoped():  # else no request pays for a scope nobody reads
+        middlewares.insert(0, proxy_telemetry.scope_middleware)
+    app = web.Application(middlewares=middlewares)
     runtime = Runtime(
         policy, store, identity=identity, policy_file=policy_file, policy_digest=policy_digest
     )
@@ -500,6 +506,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     match = runtime.policy.match(request.method, request.path)
     if match is None:
         raise Refusal(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
+    telemetry.about(route=match.route.name)
     if match.route.fenced:
         return await fenced.handle(request, match, runtime)
     return await _pass_through(request, match, runtime)
@@ -510,6 +517,8 @@ async def _pass_through(
 ) -> web.StreamResponse:
     route = match.route
     body = forwarding.upstream_body(request, await read_body(request, route.max_body_bytes))
+    headers = forwarding.upstream_headers(request, None, request.config_dict[CREDENTIALS])
+    telemetry.inject(headers)
     response: web.StreamResponse | None = None
     try:
         async with (
@@ -518,9 +527,7 @@ async def _pass_through(
             .request(
                 request.method,
                 forwarding.upstream_url(route.upstream, request),
-                headers=forwarding.upstream_headers(
-                    request, None, request.config_dict[CREDENTIALS]
-                ),
+                headers=headers,
                 data=body,
                 timeout=forwarding.client_timeout(route.upstream),
                 allow_redirects=False,

@@ -15,7 +15,7 @@ from typing import Any
 
 from core.records import EffectState, Refusal
 from policies import ConfigError
-from proxy import cli_reload, cli_serve, cli_store, operations
+from proxy import cli_reload, cli_serve, cli_store, operations, telemetry
 from proxy.identity import STATE_DIR_ENV
 from proxy.operations import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from proxy.terminal import printable
@@ -104,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="where this instance remembers which store it last used (default: "
         f"${STATE_DIR_ENV}, else the SQLite database's directory, or for PostgreSQL "
         "the configuration file's)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=telemetry.LOG_FORMATS,
+        default=os.environ.get(telemetry.LOG_FORMAT_ENV) or "text",
+        help="text lines, or one JSON object per line with the request id, route, resource, "
+        f"effect id and epoch (default: ${telemetry.LOG_FORMAT_ENV}, else text)",
+    )
+    serve.add_argument(
+        "--tracing",
+        choices=telemetry.TRACING,
+        default=os.environ.get(telemetry.TRACING_ENV) or "off",
+        help="otlp: OpenTelemetry spans, exported as the OTEL_EXPORTER_OTLP_* variables say "
+        f"(needs the otel extra; default: ${telemetry.TRACING_ENV}, else off)",
     )
     reload = command(
         "reload",

@@ -7,16 +7,17 @@ import argparse
 import asyncio
 import dataclasses
 import errno
-import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import telemetry as core_telemetry
 from policies import Policy, load_policy
 from policies.tls import server_context
-from proxy import connections, failpoints
+from proxy import connections, failpoints, operations, telemetry
 from proxy.app import build_app, default_instance_id
 from proxy.auth import (
     KeyProblem,
@@ -48,6 +49,10 @@ def server_options(policy: Policy) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    try:
+        telemetry.check_options(args.log_format, args.tracing)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     policy, digest = policy_and_digest_of(args)
     try:
         # Read once: a test pauses a replica at a named place (proxy/failpoints.py).
@@ -69,9 +74,9 @@ def serve(args: argparse.Namespace) -> int:
     admin_token = env_secret(os.environ, policy.admin_token_env) if policy.admin_token_env else None
     next_env = policy.admin_token_next_env
     admin_token_next = env_secret(os.environ, next_env) if next_env else None
-    logging.basicConfig(
-        level=os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    telemetry.configure_logging(args.log_format, os.environ.get("FENCEPROXY_LOG_LEVEL", "INFO"))
+    flush_spans = _start_tracing(
+        args.tracing, args.log_format == "json", default_instance_id(policy)
     )
     state_dir = (
         Path(args.state_dir) if args.state_dir else default_state_dir(policy.store, args.config)
@@ -138,7 +143,32 @@ def serve(args: argparse.Namespace) -> int:
         raise CommandError(
             f"{exc.strerror}; choose another with --port N (or listen.port)"
         ) from None
+    finally:
+        flush_spans()
     return 0
+
+
+def _start_tracing(tracing: str, log_fields: bool, instance_id: str) -> Callable[[], None]:
+    """Tracing for the process as `--tracing` says, and whether log lines carry what the
+    work is about; returns what sends the spans still held when the proxy stops (for up
+    to the exporter's timeout). Off, OpenTelemetry is not even imported."""
+    if tracing == "off":
+        core_telemetry.install(None, log_fields)
+        return lambda: None
+    try:
+        from proxy import tracing as otel
+    except ImportError as exc:
+        raise CommandError(
+            f"--tracing {tracing} needs OpenTelemetry, which is not installed ({exc}): "
+            "pip install 'fenceproxy[otel]'"
+        ) from None
+    version = operations.proxy_version()
+    try:
+        provider = otel.otlp_provider(instance_id, version)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    core_telemetry.install(otel.OtelSpans(provider, version), log_fields)
+    return provider.shutdown
 
 
 def _check_free(host: str, port: int, how_to_change: str) -> None:

@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from core import telemetry
 from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
@@ -80,6 +81,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             {"route": route.name, "parameter": name},
         )
     resource = route.resource.render(match.params)
+    telemetry.about(resource=resource)
     if not RESOURCE_RE.match(resource):
         raise Refusal(
             ErrorCode.INVALID_REQUEST, "the path names no valid resource", {"route": route.name}
@@ -119,7 +121,9 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     # counts from a moment inside it, so this budget always ends first.
     send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
     try:
-        decision = await runtime.store.admit(token_hash(token), new, standing)
+        decision = await telemetry.step(
+            "admission", runtime.store.admit(token_hash(token), new, standing)
+        )
         if isinstance(decision, UnknownKey):
             assert key is not None  # only a key is unknown
             unknown = await _ask_about_unknown_key(
@@ -135,7 +139,10 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
                 runtime.metrics.count_request(route.name, "refused")
                 return unknown
             send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
-            decision = await runtime.store.admit(token_hash(token), new, standing, key_cleared=True)
+            decision = await telemetry.step(
+                "admission",
+                runtime.store.admit(token_hash(token), new, standing, key_cleared=True),
+            )
             assert not isinstance(decision, UnknownKey)
     except AdmissionInDoubt as lost:
         return await _settle_lost_admission(runtime, route, lost)
@@ -327,6 +334,7 @@ async def _dispatch_admitted(
     failpoints.reach(failpoints.ADMITTED)
     route = match.route
     effect = admitted.effect
+    telemetry.about(effect_id=effect.id, epoch=effect.epoch)
     fence = fence_headers(effect.resource, epoch=effect.epoch, effect_id=effect.id)
     answer: forwarding.UpstreamResponse | None = None
     try:
@@ -343,14 +351,19 @@ async def _dispatch_admitted(
         result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
     else:
         started = time.monotonic()
-        result, answer = await forwarding.dispatch(
-            request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
-            route.upstream,
-            request.method,
-            url,
+        result, answer = await telemetry.step(
+            "upstream",
+            forwarding.dispatch(
+                request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
+                route.upstream,
+                request.method,
+                url,
+                headers,
+                forwarding.upstream_body(request, body),
+                send_by,
+            ),
             headers,
-            forwarding.upstream_body(request, body),
-            send_by,
+            _dispatched,
         )
         if isinstance(result, TooLateToSend):
             # This replica was slow (paused, overloaded) between its admission and its
@@ -377,8 +390,11 @@ async def _dispatch_admitted(
         )
     upstream_status = result.status if isinstance(result, Answered) else None
     try:
-        receipt = await runtime.store.finish_effect(
-            effect.id, event, upstream_status, reason, stored, admitted.resends, effect
+        receipt = await telemetry.step(
+            "receipt",
+            runtime.store.finish_effect(
+                effect.id, event, upstream_status, reason, stored, admitted.resends, effect
+            ),
         )
     except Exception:
         # Whatever failed (the store, a driver, a bug), the request may have left: the
@@ -389,9 +405,26 @@ async def _dispatch_admitted(
         return _unrecorded(effect, reason, upstream_status, fence)
     runtime.metrics.count_request(route.name, receipt.effect.state.value.lower())
     runtime.metrics.count_receipt(receipt)
-    if receipt.effect.state is EffectState.UNKNOWN and runtime.reconciler is not None:
-        runtime.reconciler.wake.set()
+    if receipt.effect.state is EffectState.UNKNOWN:
+        log.warning(
+            "%s on %s: %s; the resource is blocked until it is reconciled",
+            effect.id,
+            effect.resource,
+            reason,
+        )
+        if runtime.reconciler is not None:
+            runtime.reconciler.wake.set()
     return _answer(receipt, reason, upstream_status, answer, fence)
+
+
+def _dispatched(
+    dispatched: tuple[DispatchResult, forwarding.UpstreamResponse | None],
+) -> dict[str, telemetry.Value]:
+    """The upstream step's attributes: the answer's status, or why there was none."""
+    result = dispatched[0]
+    if isinstance(result, Answered):
+        return {"http.response.status_code": result.status}
+    return {"error": result.reason}
 
 
 def _answer(
@@ -506,6 +539,7 @@ def _committed_by_reconciliation(
 
 
 def _replay(record: IdempotencyRecord) -> web.Response:
+    telemetry.about(effect_id=record.effect_id, epoch=record.epoch)
     fence = fence_headers(record.resource, epoch=record.epoch, effect_id=record.effect_id)
     fence[forwarding.REPLAYED] = "true"
     stored = record.response

@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from core import telemetry
 from core.leasing_advice import OTHER_GROUP, Ending, group_of
 from core.lifecycle import BLOCKING, Record
 from core.records import EffectState
@@ -183,9 +184,12 @@ class Metrics:
         return child
 
     def count_request(self, route: str, outcome: str) -> None:
+        # Counted once per request, as it ends: its span and log lines say the same.
+        telemetry.about(outcome=outcome)
         self._child(self.requests, route, outcome).inc()
 
     def count_refusal(self, code: str) -> None:
+        telemetry.about(refusal=code)
         self._child(self.refusals, code).inc()
 
     def count_send_deadline_passed(self, route: str) -> None:

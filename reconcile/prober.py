@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 from yarl import URL
 
+from core import telemetry
 from core.lifecycle import Event
 from core.probing import Conclusion, judge_probe, next_probe_at
 from core.records import EffectRecord, fence_headers
@@ -72,6 +73,16 @@ async def ask_upstream_about(
     # Encoded as rendered (every value quoted): a plain string would let the client
     # resolve dot segments and re-quote, and the upstream see another path.
     url = URL(upstream.url + path, encoded=True)
+    # A copy: the step gives it the upstream call's `traceparent`.
+    sent = dict(headers)
+    return await telemetry.step("upstream", _ask(session, route, url, sent), sent, _described)
+
+
+async def _ask(
+    session: aiohttp.ClientSession, route: Route, url: URL, headers: dict[str, str]
+) -> tuple[int | None, str | None]:
+    assert route.reconcile is not None
+    upstream = route.upstream
     timeout = aiohttp.ClientTimeout(total=upstream.timeout_s, connect=upstream.connect_timeout_s)
     try:
         async with session.request(
@@ -87,6 +98,14 @@ async def ask_upstream_about(
             return response.status, None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _described(asked: tuple[int | None, str | None]) -> dict[str, telemetry.Value]:
+    """The upstream step's attributes: the answer's status, or why there was none."""
+    status, error = asked
+    if status is None:
+        return {"error": error or "no answer"}
+    return {"http.response.status_code": status}
 
 
 @dataclass(frozen=True)
@@ -114,12 +133,15 @@ async def probe_unknown_key(
     believed only once anything sent before `since` has had time to land. A probe asks
     by key alone: "applied" says nothing of which payload was (the store lost it)."""
     assert route.reconcile is not None
-    asked_at = await store.now()
-    status, error = await ask_upstream_about(
-        session, route, probe_path(route, path, key), fence_headers(resource)
-    )
-    verdict = judge_probe(status, error, route.reconcile, since, asked_at)
-    log.info("recovery window: the probe of key %r on %s: %s", key, resource, verdict.detail)
+    with telemetry.scope("probe", route=route.name, resource=resource):
+        asked_at = await store.now()
+        status, error = await ask_upstream_about(
+            session, route, probe_path(route, path, key), fence_headers(resource)
+        )
+        verdict = judge_probe(status, error, route.reconcile, since, asked_at)
+        telemetry.about(conclusion=verdict.conclusion.value, upstream_status=status)
+        # Not the key itself: an idempotency key is the worker's, as a token is.
+        log.info("recovery window: the probe of a key unknown on %s: %s", resource, verdict.detail)
     settle_left_s = since + route.reconcile.settle_s - asked_at
     return KeyProbe(verdict.conclusion, verdict.detail, settle_left_s)
 
@@ -134,7 +156,27 @@ async def probe_effect(
 ) -> ProbeResult:
     """Probe once and record what it proved; `actor` is who asked (None: the schedule),
     `note` why, kept after the detail of the answer."""
+    with telemetry.scope(
+        "probe",
+        route=effect.route,
+        resource=effect.resource,
+        effect_id=effect.id,
+        epoch=effect.epoch,
+    ):
+        telemetry.about(actor=actor)
+        result = await _probe_effect(store, session, policy, effect, actor, note)
+        telemetry.about(conclusion=result.conclusion)
+        return result
 
+
+async def _probe_effect(
+    store: Store,
+    session: aiohttp.ClientSession,
+    policy: Policy,
+    effect: EffectRecord,
+    actor: str | None,
+    note: str | None,
+) -> ProbeResult:
     def noted(detail: str) -> str:
         return detail if note is None else f"{detail} (asked because: {note})"
 
@@ -156,6 +198,7 @@ async def probe_effect(
     # The settle window is judged at the time of asking, on the authority's clock.
     asked_at = await store.now()
     status, error = await ask_upstream(session, route, effect)
+    telemetry.about(upstream_status=status)
     # The settle window counts from the latest moment the request can have been sent.
     sent = sent_by(effect.created_at, effect.deadline, route.upstream.timeout_s, effect.finished_at)
     verdict = judge_probe(status, error, route.reconcile, sent, asked_at)

@@ -395,10 +395,11 @@ class AsyncLease:
         `UpstreamError` (returned instead with `raise_for_status=False`). It is sent even
         when the lease looks lost here: the proxy decides, not this process's clock.
 
-        Lease sizing: before the request, the lease is renewed when less is left on it
-        than the proxy said this method and path need (`needed_s` of an earlier
-        `lease_too_short`); on `lease_too_short` it is renewed and the request sent
-        once more (nothing reached the upstream). Nothing else is ever sent twice.
+        Lease sizing: before the request, the lease is renewed when less would be left
+        on it, once the request reaches the proxy, than the proxy said this method and
+        path need (`needed_s` of an earlier `lease_too_short`); on `lease_too_short` it
+        is renewed and the request sent once more (nothing reached the upstream).
+        Nothing else is ever sent twice.
         """
         extra: dict[str, Any] = {"params": params, "json": json, "content": content}
         if timeout_s is not None:

@@ -11,6 +11,7 @@ import os
 import secrets
 import ssl
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC
@@ -52,6 +53,8 @@ FIRST_RETRY_S = 0.05
 MAX_BACKOFF_S = 1.0
 # Renewal after a failed attempt: soon, but not in a tight loop.
 RENEW_RETRY_S = 0.5
+# The lease calls whose round trips say how long a request takes to reach the proxy.
+TRIPS_KEPT = 8
 SETTLE_POLL_S = 0.2
 
 
@@ -294,6 +297,12 @@ class LeaseState:
         self.lost = False
         self.why_lost = ""
         self.released = False
+        self._trips: deque[float] = deque(maxlen=TRIPS_KEPT)
+        self._trip(grant, now)
+
+    def _trip(self, grant: Grant, answered: float) -> None:
+        """The lease call that brought `grant`, from its sending to its answer."""
+        self._trips.append(max(0.0, answered - (grant.local_expiry - grant.ttl_s)))
 
     def is_lost(self, now: float) -> bool:
         with self._lock:
@@ -315,16 +324,21 @@ class LeaseState:
 
     def should_renew_for(self, needed_s: float | None, now: float) -> bool:
         """Whether to renew before a request whose route needs `needed_s` left on the
-        lease: when less is left by the local clock (which ends the lease no later than
-        the proxy's) and a renewal to this lease's ttl would give enough."""
+        lease when the proxy admits it: when less would be left by then by the local
+        clock (which ends the lease no later than the proxy's), and a renewal to this
+        lease's ttl would give enough. "By then" is twice the slowest of the recent
+        lease calls' round trips: a request takes about as long to reach its
+        admission, as variably on a loaded machine."""
         if needed_s is None:
             return False
         with self._lock:
-            return self.grant.local_expiry - now < needed_s <= self.ttl_s
+            on_the_way = 2 * max(self._trips)
+            return self.grant.local_expiry - now < needed_s + on_the_way and needed_s <= self.ttl_s
 
     def renewed(self, grant: Grant, now: float) -> None:
         with self._lock:
             self.grant = grant
+            self._trip(grant, now)
             self.next_renewal = now + self.ttl_s / 3
 
     def renewal_failed(self, now: float) -> None:

@@ -281,6 +281,23 @@ def test_renewal_before_a_write_when_less_is_left_than_the_route_needs() -> None
     assert not lease.should_renew_for(9.5, 7.1)  # a renewal to 9 s could not give 9.5
 
 
+def test_the_renewal_before_a_write_leaves_room_for_the_trip_to_the_proxy() -> None:
+    """What the route needs must still be left when the write reaches its admission:
+    a write takes about as long to get there as the lease's own calls take to be
+    answered, which a loaded machine stretches. Judged at the check, the lease would
+    be refused as too short on the way whenever it had just over `needed_s` left."""
+    lease = state(ttl_s=9.0)
+    # A renewal sent at 3.0 and answered at 3.3: 0.3 s there and back.
+    lease.renewed(Grant("rule:r1", "w", 1, NOW + 12, 9.0, local_expiry=12.0), now=3.3)
+    assert lease.should_renew_for(2.0, 12.0 - 2.0 - 2 * 0.3 + 0.05)
+    assert not lease.should_renew_for(2.0, 12.0 - 2.0 - 2 * 0.3 - 0.05)
+    # The slowest of the recent calls counts, not the last one alone.
+    lease.renewed(Grant("rule:r1", "w", 1, NOW + 13, 9.0, local_expiry=13.0), now=4.0)
+    assert lease.should_renew_for(2.0, 13.0 - 2.0 - 2 * 0.3 + 0.05)
+    # A renewal could not give what the route needs: none is tried.
+    assert not lease.should_renew_for(9.5, 12.9)
+
+
 def test_what_a_route_needs_is_learnt_from_lease_too_short_and_bounded() -> None:
     needs = LeaseNeeds()
     too_short = errors.LeaseTooShort(409, problem("lease_too_short", 409, needed_s=2))
