@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -138,11 +139,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     except AdmissionInDoubt as lost:
         return await _settle_lost_admission(runtime, route, lost)
     if isinstance(decision, Admitted):
-        # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
-        # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
-        return await asyncio.shield(
-            _dispatch_admitted(request, match, runtime, decision, body, send_by)
-        )
+        return await _dispatch_admitted(request, match, runtime, decision, body, send_by)
     if isinstance(decision, Replay):
         runtime.metrics.count_request(route.name, "replayed")
         return _replay(decision.record)
@@ -333,6 +330,7 @@ async def _dispatch_admitted(
         "Fence-Effect-Id": effect.id,
     }
     answer: forwarding.UpstreamResponse | None = None
+    cancelled: asyncio.Task[Any] | None = None
     try:
         # Anything that fails before the request is handed to the client is certain
         # not to have sent a byte: the effect is settled NOT_SENT at once.
@@ -347,15 +345,29 @@ async def _dispatch_admitted(
         result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
     else:
         started = time.monotonic()
-        result, answer = await forwarding.dispatch(
-            request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
-            route.upstream,
-            request.method,
-            url,
-            headers,
-            forwarding.upstream_body(request, body),
-            send_by,
-        )
+        try:
+            result, answer = await forwarding.dispatch(
+                request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
+                route.upstream,
+                request.method,
+                url,
+                headers,
+                forwarding.upstream_body(request, body),
+                send_by,
+            )
+        except asyncio.CancelledError:
+            # The dispatch runs in the handler's own task (a task of its own per request,
+            # to shield it, cost more than anything it saved): `serve`'s server never
+            # cancels a handler when its client goes away, only once a stop's grace is
+            # over; a server that does (aiohttp's test server) ends the send here too.
+            # Either way the request may have left: the receipt says so (UNKNOWN), and
+            # is written before the cancellation goes on.
+            cancelled = asyncio.current_task()
+            result = Lost(
+                "the proxy shut down (grace period over) before the answer arrived"
+                if runtime.stopping
+                else "the request's handler was cancelled before the answer arrived"
+            )
         if isinstance(result, TooLateToSend):
             # This replica was slow (paused, overloaded) between its admission and its
             # send: another may already have taken the effect for never sent.
@@ -380,6 +392,11 @@ async def _dispatch_admitted(
             body_kept=kept,
         )
     upstream_status = result.status if isinstance(result, Answered) else None
+    if cancelled is not None:
+        # Once DISPATCHING, an effect is not left for the sweep while its receipt can
+        # still be written: the cancellation goes on once it is (a second one, while
+        # writing it, leaves it to the sweep).
+        cancelled.uncancel()
     try:
         receipt = await runtime.store.finish_effect(
             effect.id, event, upstream_status, reason, stored, admitted.resends, effect
@@ -390,11 +407,15 @@ async def _dispatch_admitted(
         # exactly that, never "nothing was forwarded".
         log.exception("the receipt of %s could not be recorded", effect.id)
         runtime.metrics.count_request(route.name, "unrecorded")
+        if cancelled is not None:
+            raise asyncio.CancelledError() from None
         return _unrecorded(effect, reason, upstream_status, fence)
     runtime.metrics.count_request(route.name, receipt.effect.state.value.lower())
     runtime.metrics.count_receipt(receipt)
     if receipt.effect.state is EffectState.UNKNOWN and runtime.reconciler is not None:
         runtime.reconciler.wake.set()
+    if cancelled is not None:
+        raise asyncio.CancelledError()
     return _answer(receipt, reason, upstream_status, answer, fence)
 
 
@@ -426,10 +447,11 @@ def _answer(
             limit=forwarding.UPSTREAM_BODY_LIMIT,
         )
     if kind is Answer.RESPONSE and answer is not None:
-        headers = answer.headers.copy()
-        headers.update(fence)
+        # The upstream's headers are done with (what is kept for replays was taken
+        # before the receipt): the fence goes into them, not into a copy of them.
+        answer.headers.update(fence)
         return web.Response(
-            status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+            status=answer.status, reason=answer.reason, headers=answer.headers, body=answer.body
         )
     if kind is Answer.NOT_SENT:
         return problem(
