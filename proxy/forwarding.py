@@ -72,9 +72,9 @@ _PARSER_FIELDS_LIMIT = ANSWER_FIELDS_LIMIT + 8
 _STATUS_LINE_START = len("HTTP/1.1 200 ")
 
 
-def proxy_owned(name: str) -> bool:
-    """`Fence-*`: the proxy's headers, in both directions; nobody else's copy passes."""
-    return name.lower().startswith("fence-")
+# `Fence-*` (a lowered name's start): the proxy's headers, in both directions; nobody
+# else's copy passes.
+PROXY_OWNED = "fence-"
 
 
 def _send_clock() -> Callable[[], float]:
@@ -223,7 +223,7 @@ MEANINGFUL = frozenset({"idempotency-key", "fence-token", "content-length", "tra
 def strips_meaningful_header(headers: CIMultiDictProxy[str]) -> str | None:
     """The first meaningful header that `Connection` names, if any."""
     for token in sorted(connection_tokens(headers)):
-        if token in MEANINGFUL or token.startswith("fence-"):
+        if token in MEANINGFUL or token.startswith(PROXY_OWNED):
             return token
     return None
 
@@ -261,7 +261,7 @@ def upstream_headers(
         lower = name.lower()
         if (
             lower in dropped
-            or lower.startswith("fence-")  # proxy_owned
+            or lower.startswith(PROXY_OWNED)
             or (
                 lower == "authorization"
                 and credentials is not None
@@ -281,7 +281,7 @@ def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     kept: list[tuple[str, str]] = []
     for name, value in headers.items():
         lower = name.lower()
-        if lower not in dropped and not lower.startswith("fence-"):  # proxy_owned
+        if lower not in dropped and not lower.startswith(PROXY_OWNED):
             kept.append((name, value))
     return CIMultiDict(kept)
 
