@@ -356,12 +356,12 @@ async def _dispatch_admitted(
                 send_by,
             )
         except asyncio.CancelledError:
-            # The dispatch runs in the handler's own task (a task of its own per request,
-            # to shield it, cost more than anything it saved): `serve`'s server never
-            # cancels a handler when its client goes away, only once a stop's grace is
-            # over; a server that does (aiohttp's test server) ends the send here too.
-            # Either way the request may have left: the receipt says so (UNKNOWN), and
-            # is written before the cancellation goes on.
+            # The dispatch runs in the handler's own task: a shield would cost a task on
+            # every request, for a cancellation that `serve`'s server makes only once a
+            # stop's grace is over (it never cancels a handler whose client went away;
+            # aiohttp's test server does, and ends the send here too). Either way the
+            # request may have left: the receipt says so (UNKNOWN), and is written
+            # before the cancellation goes on.
             cancelled = asyncio.current_task()
             result = Lost(
                 "the proxy shut down (grace period over) before the answer arrived"
