@@ -19,6 +19,7 @@ No I/O: the connection feeds it what it receives.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from core.codes import ErrorCode
@@ -38,6 +39,12 @@ ONCE_ONLY_FIELDS = frozenset(
         b"transfer-encoding",
         b"user-agent",
     }
+)
+# Each ONCE_ONLY_FIELDS name at a line's start, as the fast path finds them in a whole
+# head (lowered): one scan of the head; counting each name apart was ten scans, half
+# of what the counter cost per head (bench/README.md).
+_ONCE_ONLY_NAMES = re.compile(
+    rb"\n(" + b"|".join(re.escape(name) for name in sorted(ONCE_ONLY_FIELDS)) + rb"):"
 )
 # The part of a line the counter keeps to read it (a header's name and value, a chunk
 # size): a longer line is counted but not read, and cannot be Content-Length,
@@ -152,7 +159,8 @@ class HeadCounter:
         head = data[first_end:end].lower()
         if b"\ntransfer-encoding" in head:
             return -1
-        if any(head.count(b"\n" + name + b":") > 1 for name in ONCE_ONLY_FIELDS):
+        once_only = _ONCE_ONLY_NAMES.findall(head)
+        if len(once_only) != len(set(once_only)):
             self.refusal = ErrorCode.INVALID_REQUEST
             return end + 4
         length_at = head.find(b"\ncontent-length:")

@@ -534,6 +534,7 @@ async def _pass_through(
                 middlewares=forwarding.framing_middlewares(body),
             ) as upstream
         ):
+            forwarding.check_answer_head(upstream)
             response = web.StreamResponse(
                 status=upstream.status,
                 reason=upstream.reason,

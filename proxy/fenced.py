@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -147,11 +148,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     except AdmissionInDoubt as lost:
         return await _settle_lost_admission(runtime, route, lost)
     if isinstance(decision, Admitted):
-        # Shielded: once recorded as DISPATCHING, the send and its receipt must run to the
-        # end even if this handler is cancelled, or the effect would sit in doubt needlessly.
-        return await asyncio.shield(
-            _dispatch_admitted(request, match, runtime, decision, body, send_by)
-        )
+        return await _dispatch_admitted(request, match, runtime, decision, body, send_by)
     if isinstance(decision, Replay):
         runtime.metrics.count_request(route.name, "replayed")
         return _replay(decision.record)
@@ -337,6 +334,7 @@ async def _dispatch_admitted(
     telemetry.about(effect_id=effect.id, epoch=effect.epoch)
     fence = fence_headers(effect.resource, epoch=effect.epoch, effect_id=effect.id)
     answer: forwarding.UpstreamResponse | None = None
+    cancelled: asyncio.Task[Any] | None = None
     try:
         # Anything that fails before the request is handed to the client is certain
         # not to have sent a byte: the effect is settled NOT_SENT at once.
@@ -351,20 +349,34 @@ async def _dispatch_admitted(
         result: DispatchResult = NotSent(f"the upstream request could not be built: {exc}")
     else:
         started = time.monotonic()
-        result, answer = await telemetry.step(
-            "upstream",
-            forwarding.dispatch(
-                request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
-                route.upstream,
-                request.method,
-                url,
+        try:
+            result, answer = await telemetry.step(
+                "upstream",
+                forwarding.dispatch(
+                    request.config_dict[UPSTREAMS].pools.fenced(route.upstream),
+                    route.upstream,
+                    request.method,
+                    url,
+                    headers,
+                    forwarding.upstream_body(request, body),
+                    send_by,
+                ),
                 headers,
-                forwarding.upstream_body(request, body),
-                send_by,
-            ),
-            headers,
-            _dispatched,
-        )
+                _dispatched,
+            )
+        except asyncio.CancelledError:
+            # The dispatch runs in the handler's own task: a shield would cost a task on
+            # every request, for a cancellation that `serve`'s server makes only once a
+            # stop's grace is over (it never cancels a handler whose client went away;
+            # aiohttp's test server does, and ends the send here too). Either way the
+            # request may have left: the receipt says so (UNKNOWN), and is written
+            # before the cancellation goes on.
+            cancelled = asyncio.current_task()
+            result = Lost(
+                "the proxy shut down (grace period over) before the answer arrived"
+                if runtime.stopping
+                else "the request's handler was cancelled before the answer arrived"
+            )
         if isinstance(result, TooLateToSend):
             # This replica was slow (paused, overloaded) between its admission and its
             # send: another may already have taken the effect for never sent.
@@ -389,6 +401,11 @@ async def _dispatch_admitted(
             body_kept=kept,
         )
     upstream_status = result.status if isinstance(result, Answered) else None
+    if cancelled is not None:
+        # Once DISPATCHING, an effect is not left for the sweep while its receipt can
+        # still be written: the cancellation goes on once it is (a second one, while
+        # writing it, leaves it to the sweep).
+        cancelled.uncancel()
     try:
         receipt = await telemetry.step(
             "receipt",
@@ -402,6 +419,8 @@ async def _dispatch_admitted(
         # exactly that, never "nothing was forwarded".
         log.exception("the receipt of %s could not be recorded", effect.id)
         runtime.metrics.count_request(route.name, "unrecorded")
+        if cancelled is not None:
+            raise asyncio.CancelledError() from None
         return _unrecorded(effect, reason, upstream_status, fence)
     runtime.metrics.count_request(route.name, receipt.effect.state.value.lower())
     runtime.metrics.count_receipt(receipt)
@@ -414,6 +433,8 @@ async def _dispatch_admitted(
         )
         if runtime.reconciler is not None:
             runtime.reconciler.wake.set()
+    if cancelled is not None:
+        raise asyncio.CancelledError()
     return _answer(receipt, reason, upstream_status, answer, fence)
 
 
@@ -455,10 +476,11 @@ def _answer(
             limit=forwarding.UPSTREAM_BODY_LIMIT,
         )
     if kind is Answer.RESPONSE and answer is not None:
-        headers = answer.headers.copy()
-        headers.update(fence)
+        # The upstream's headers are done with (what is kept for replays was taken
+        # before the receipt): the fence goes into them, not into a copy of them.
+        answer.headers.update(fence)
         return web.Response(
-            status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+            status=answer.status, reason=answer.reason, headers=answer.headers, body=answer.body
         )
     if kind is Answer.NOT_SENT:
         return problem(

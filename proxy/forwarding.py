@@ -64,16 +64,16 @@ ANSWER_LINE_LIMIT = 65_536
 ANSWER_FIELDS_LIMIT = 256
 # aiohttp's parsers draw their line limit a few bytes either side of where they are
 # told, depending on how the line arrived, and count the status line among the
-# fields: they are set past the limits, which `_answer_head_within_limits` then checks
+# fields: they are set past the limits, which `check_answer_head` then checks
 # exactly on what they read.
 _PARSER_LINE_LIMIT = ANSWER_LINE_LIMIT + 1024
 _PARSER_FIELDS_LIMIT = ANSWER_FIELDS_LIMIT + 8
 _STATUS_LINE_START = len("HTTP/1.1 200 ")
 
 
-def proxy_owned(name: str) -> bool:
-    """`Fence-*`: the proxy's headers, in both directions; nobody else's copy passes."""
-    return name.lower().startswith("fence-")
+# `Fence-*` (a lowered name's start): the proxy's headers, in both directions; nobody
+# else's copy passes.
+PROXY_OWNED = "fence-"
 
 
 def _send_clock() -> Callable[[], float]:
@@ -222,7 +222,7 @@ MEANINGFUL = frozenset({"idempotency-key", "fence-token", "content-length", "tra
 def strips_meaningful_header(headers: CIMultiDictProxy[str]) -> str | None:
     """The first meaningful header that `Connection` names, if any."""
     for token in sorted(connection_tokens(headers)):
-        if token in MEANINGFUL or token.startswith("fence-"):
+        if token in MEANINGFUL or token.startswith(PROXY_OWNED):
             return token
     return None
 
@@ -231,10 +231,17 @@ def connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
     """Headers named in Connection are hop-by-hop for this message too."""
     return {
         token.strip().lower()
-        for value in headers.getall("Connection", [])
+        for value in headers.getall("Connection", ())
         for token in value.split(",")
         if token.strip()
     }
+
+
+def _dropped(always: frozenset[str], headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    """`always`, and what this message's Connection header names (most name nothing
+    but keep-alive or close: no new set is built for them)."""
+    named = connection_tokens(headers)
+    return always | named if named - always else always
 
 
 def upstream_headers(
@@ -244,31 +251,38 @@ def upstream_headers(
 ) -> CIMultiDict[str]:
     """The worker's end-to-end headers, in order with duplicates, less what is never
     forwarded and any credential of this proxy; then the route's fence headers."""
-    dropped = _NOT_FORWARDED | connection_tokens(request.headers)
+    dropped = _dropped(_NOT_FORWARDED, request.headers)
     # One spelling per name: aiohttp's client session merges a name it has not seen in
     # that exact case by replacing (`X-A: a` then `x-a: b` left only `x-a: b`).
     spelling: dict[str, str] = {}
-    headers: CIMultiDict[str] = CIMultiDict(
-        (spelling.setdefault(name.lower(), name), value)
-        for name, value in request.headers.items()
-        if name.lower() not in dropped
-        and not proxy_owned(name)
-        and not (
-            credentials is not None
-            and name.lower() == "authorization"
-            and credentials.carried_by(value)
-        )
-    )
+    kept: list[tuple[str, str]] = []
+    for name, value in request.headers.items():
+        lower = name.lower()
+        if (
+            lower in dropped
+            or lower.startswith(PROXY_OWNED)
+            or (
+                lower == "authorization"
+                and credentials is not None
+                and credentials.carried_by(value)
+            )
+        ):
+            continue
+        kept.append((spelling.setdefault(lower, name), value))
+    headers: CIMultiDict[str] = CIMultiDict(kept)
     if fence:
         headers.update(fence)
     return headers
 
 
 def downstream_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    dropped = _NOT_RETURNED | connection_tokens(headers)
-    return CIMultiDict(
-        (k, v) for k, v in headers.items() if k.lower() not in dropped and not proxy_owned(k)
-    )
+    dropped = _dropped(_NOT_RETURNED, headers)
+    kept: list[tuple[str, str]] = []
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower not in dropped and not lower.startswith(PROXY_OWNED):
+            kept.append((name, value))
+    return CIMultiDict(kept)
 
 
 def replayable(headers: CIMultiDict[str]) -> tuple[tuple[str, str], ...]:
@@ -290,9 +304,15 @@ def upstream_url(upstream: Upstream, request: web.Request) -> URL:
     """The upstream's URL with the worker's request target as sent, byte for byte: yarl
     drops an empty query ("/a?" would go up as "/a"), so the whole target, query
     included, is the URL's encoded path, which aiohttp writes as it is."""
-    base = URL(upstream.url, encoded=True)
-    prefix = "" if base.raw_path == "/" else base.raw_path
+    base, prefix = _base_url(upstream)
     return base.with_path(prefix + request.raw_path, encoded=True)
+
+
+@functools.cache
+def _base_url(upstream: Upstream) -> tuple[URL, str]:
+    """The upstream's URL, parsed once, and the path every target goes under."""
+    base = URL(upstream.url, encoded=True)
+    return base, "" if base.raw_path == "/" else base.raw_path
 
 
 def upstream_body(request: web.Request, body: bytes) -> bytes | None:
@@ -334,10 +354,10 @@ def answer_head_problem(
     return None
 
 
-async def _answer_head_within_limits(
-    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
-) -> aiohttp.ClientResponse:
-    response = await handler(request)
+def check_answer_head(response: aiohttp.ClientResponse) -> None:
+    """Raises AnswerHeadTooLarge for an answer whose head is over the limits. Every
+    forwarded request, fenced and pass-through, calls it first thing on its answer (a
+    client middleware did, at the price of a chain of coroutines built per request)."""
     problem = answer_head_problem(response.reason, response.raw_headers)
     if problem is not None:
         response.close()  # its body unread: the connection cannot serve another request
@@ -348,15 +368,15 @@ async def _answer_head_within_limits(
             message=f"the upstream answered {response.status} with a head the proxy does "
             f"not read: {problem}; the request may have been applied",
         )
-    return response
 
 
-def framing_middlewares(data: bytes | None) -> tuple[aiohttp.ClientMiddlewareType, ...]:
-    """The client middlewares of every forwarded request, fenced and pass-through: the
-    answer head's limits, and no framing header on a request that had none."""
-    if data is None:
-        return (_answer_head_within_limits, _unframed)
-    return (_answer_head_within_limits,)
+_UNFRAMED = (_unframed,)
+
+
+def framing_middlewares(data: bytes | None) -> tuple[aiohttp.ClientMiddlewareType, ...] | None:
+    """The client middlewares of a forwarded request: no framing header on a request that
+    had none; None (the session's: none) for any other."""
+    return _UNFRAMED if data is None else None
 
 
 def sent_nothing(exc: BaseException) -> bool:
@@ -369,6 +389,9 @@ def sent_nothing(exc: BaseException) -> bool:
 async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The whole body, as it arrives (one `read(n)` returns only what is buffered);
     None as soon as it is over `limit` bytes. A body cut short raises ClientPayloadError."""
+    if response.content_length is not None and response.content_length <= limit:
+        # Its length declared and within the limit: read at once, as any client does.
+        return await response.read()
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_any():
@@ -408,6 +431,7 @@ async def dispatch(
             allow_redirects=False,
             middlewares=framing_middlewares(body),
         ) as response:
+            check_answer_head(response)
             answered = (response.status, response.reason, downstream_headers(response.headers))
             payload = await read_whole(response, UPSTREAM_BODY_LIMIT)
             if payload is None:

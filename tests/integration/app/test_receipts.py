@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 
@@ -11,6 +13,7 @@ from tests.integration.app.conftest import (
     FenceFactory,
     assert_problem,
     json_body,
+    poll_until,
 )
 
 RESOURCE = "supplier:widget"
@@ -328,3 +331,39 @@ async def test_epochs_survive_a_store_restart(fence: Fence) -> None:
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert len(await restarted.effects(state="COMMITTED")) == 1
     assert await restarted.upstream_orders() == 1
+
+
+async def test_a_handler_cancelled_mid_send_records_its_receipt_first(
+    make_fence: FenceFactory,
+) -> None:
+    """aiohttp's test server cancels a handler whose client goes away (`serve`'s does not:
+    tests/integration/processes/test_shutdown.py). Cancelled while the upstream holds its
+    write, the dispatch, which runs in the handler's own task, is cut off; its receipt
+    is still written before the cancellation goes on: UNKNOWN (the write may have been
+    applied), with why, not DISPATCHING until a sweep."""
+    fence = await make_fence(timeout_s=5)
+    lease = await fence.acquire(RESOURCE, holder="worker-a")
+    sent = asyncio.create_task(
+        fence.order("widget", lease["token"], "k-cut", headers={"Demo-Delay-Ms": "3000"})
+    )
+
+    async def upstream_holds_it() -> bool:
+        seen = await fence.headers_seen()
+        return bool(seen["last_headers"].get("idempotency-key") == "k-cut")
+
+    await poll_until(upstream_holds_it, "the write to reach the upstream")
+    sent.cancel()  # the worker goes away: its connection closes
+    with contextlib.suppress(asyncio.CancelledError):
+        await sent
+    effects: list[dict[str, object]] = []
+
+    async def receipt_written() -> bool:
+        effects[:] = await fence.effects(resource=RESOURCE)
+        return len(effects) == 1 and effects[0]["state"] != "DISPATCHING"
+
+    await poll_until(receipt_written, "the cut dispatch's receipt", attempts=100)
+    (effect,) = effects
+    assert effect["state"] == "UNKNOWN", effect
+    assert effect["reason"] == (
+        "outcome unknown: the request's handler was cancelled before the answer arrived"
+    ), effect

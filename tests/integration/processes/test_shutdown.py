@@ -187,3 +187,38 @@ def test_sigkill_loses_no_acknowledged_write(stack: Stack) -> None:
         assert (replay.status, replay.body) == (answer.status, answer.body)
     assert stack.upstream_orders() == BURST
     assert stack.upstream_mutations_received() == BURST
+
+
+@pytest.mark.fence_stack(upstream_timeout_s=5.0)
+def test_a_worker_that_goes_away_mid_send_leaves_the_write_to_finish_and_be_recorded(
+    stack: Stack,
+) -> None:
+    """Signal: the worker's connection closed (its own 0.5 s timeout) while the upstream
+    holds its write for 1.5 s. Proves: `serve` does not cancel a handler whose client
+    went away, so a dispatch, which runs in its handler's task, still reads the
+    upstream's answer and records its receipt: COMMITTED with 201, not UNKNOWN."""
+    sku = "worker-went-away"
+    resource = f"supplier:{sku}"
+    lease = stack.acquire_ok(resource, "worker-a", ttl_s=30.0)
+    with pytest.raises(TimeoutError):
+        http_call(
+            stack.proxy_url,
+            "POST",
+            f"/orders/{sku}",
+            json_body={"qty": 1},
+            headers={
+                "Fence-Token": lease["token"],
+                "Idempotency-Key": new_key("away"),
+                "Demo-Delay-Ms": "1500",
+            },
+            timeout_s=0.5,
+        )
+    (effect,) = stack.proxy_effects(resource)
+    wait_until(
+        "the held write's receipt",
+        lambda: stack.effect(effect["id"])["state"] != "DISPATCHING",
+        5.0,
+    )
+    receipt = stack.effect(effect["id"])
+    assert (receipt["state"], receipt["upstream_status"]) == ("COMMITTED", 201), receipt
+    assert stack.upstream_orders() == 1
