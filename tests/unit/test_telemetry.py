@@ -101,9 +101,10 @@ async def test_tracing_on_a_step_is_a_child_span_and_the_upstream_learns_it(
     admission, request = exporter.get_finished_spans()
     assert admission.name == "admission"
     assert admission.parent is not None
-    assert admission.parent.span_id == request.get_span_context().span_id
-    trace_id = f"{request.get_span_context().trace_id:032x}"
-    span_id = f"{request.get_span_context().span_id:016x}"
+    context = request.get_span_context()
+    assert context is not None
+    assert admission.parent.span_id == context.span_id
+    trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
     # The request's span (the step has ended), with whatever flags the SDK sets.
     assert list(headers) == ["traceparent"]
     assert headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
