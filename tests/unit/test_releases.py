@@ -41,7 +41,7 @@ def test_a_migration_declares_its_oldest_release_in_its_first_comment_lines() ->
     assert declared_oldest_release("-- adds y\nALTER TABLE t ADD y;") is None
     # Below the first statement, it is a comment about something else.
     assert declared_oldest_release("SELECT 1;\n-- oldest release: 0.3.0\n") is None
-    with pytest.raises(ValueError, match="not a version"):
+    with pytest.raises(ValueError, match="'-- oldest release: soon' is not a version"):
         declared_oldest_release("-- oldest release: soon\nDROP x;")
 
 
@@ -64,6 +64,8 @@ def test_a_release_refuses_a_running_peer_older_than_it_serves_beside() -> None:
     assert refusal is not None
     assert "replica replica-b runs fenceproxy 0.1.0" in refusal
     assert "0.3.0 serves beside 0.2.0 or later only" in refusal
+    # The window the replicas' beats are judged by, as the operator is told it.
+    assert "counts as running for 30 s after its last beat" in refusal
     assert start_refusal("0.3.0", "0.1.0", [], peers) is None
 
 
@@ -93,6 +95,9 @@ def test_every_shipped_migration_leaves_this_release_and_its_oldest_peer_working
         declared = declared_oldest_release(sql)
         assert not older(VERSION, declared), f"{backend} {version:04d} {name}: {declared}"
         assert not older(OLDEST_PEER, declared), f"{backend} {version:04d} {name}: {declared}"
+    assert parse_version(OLDEST_PEER) is not None, (
+        "an OLDEST_PEER that is no version enforces nothing"
+    )
     assert not older(VERSION, OLDEST_PEER)
 
 
