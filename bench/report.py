@@ -104,7 +104,7 @@ def report_table(measurements: list[Measurement]) -> list[str]:
         " (median of the rounds)"
         for concurrency, cost in fenced_cpu(measurements).items()
     )
-    return lines
+    return lines + added_latency_line(measurements)
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,10 @@ PRELOADED = "fenced+preloaded"
 PRELOADED_GOAL = 0.9
 P50_EXTRA_MS = 3.0
 P99_EXTRA_MS = 10.0
+# The upstream's own time in the 20 ms rounds (bench/run.py UPSTREAM_DELAY), and what a
+# fenced write may add to it at the median: the added latency a client feels.
+UPSTREAM_DELAY_MS = 20.0
+P50_ADDED_MS = 1.5
 
 # The performance targets this benchmark measures.
 FENCED_OVER_PLAIN_GOAL = 0.6
@@ -281,6 +285,34 @@ PG_OVER_SQLITE_GOAL = 0.6
 PG_PROXY_CPU_GOAL_MS = 1.0
 PG_DATABASE_CPU_GOAL_MS = 0.7
 TARGET_CONCURRENCIES = (16, 64)
+
+
+def added_latency(measurements: list[Measurement]) -> dict[str, float] | None:
+    """The p50 latency the 20 ms rounds add to the upstream's own 20 ms, ms: through
+    fenceproxy (`fenced`), through the plain proxy (`plain`), and the one less the other
+    (`over_plain`, what fencing adds to forwarding). None without both rounds."""
+    named = {m.target: m for m in measurements}
+    plain_20, fenced_20 = named.get(PLAIN_20MS), named.get(FENCED_20MS)
+    if plain_20 is None or fenced_20 is None:
+        return None
+    if plain_20.p50_ms is None or fenced_20.p50_ms is None:
+        return None
+    return {
+        "fenced": fenced_20.p50_ms - UPSTREAM_DELAY_MS,
+        "plain": plain_20.p50_ms - UPSTREAM_DELAY_MS,
+        "over_plain": fenced_20.p50_ms - plain_20.p50_ms,
+    }
+
+
+def added_latency_line(measurements: list[Measurement]) -> list[str]:
+    added = added_latency(measurements)
+    if added is None:
+        return []
+    return [
+        f"p50 latency added to the upstream's {UPSTREAM_DELAY_MS:g} ms: fenceproxy "
+        f"{added['fenced']:.2f} ms, plain proxy {added['plain']:.2f} ms; fenced - plain "
+        f"{added['over_plain']:.2f} ms"
+    ]
 
 
 def _status(met: bool) -> str:
@@ -320,6 +352,16 @@ def targets(
                         extra <= most,
                     )
                 )
+    added = added_latency(measurements)
+    if added is not None:
+        found.append(
+            (
+                f"20 ms upstream, c={fenced_20.concurrency if fenced_20 else '?'}: fenced p50 - "
+                f"{UPSTREAM_DELAY_MS:g} ms <= {P50_ADDED_MS:g} ms",
+                f"{added['fenced']:.1f}",
+                added["fenced"] <= P50_ADDED_MS,
+            )
+        )
     preloaded = named.get(PRELOADED)
     empty = (
         median_round(measurements, FENCED, preloaded.concurrency) if preloaded is not None else None
@@ -406,6 +448,7 @@ def json_figures(
         "results": [asdict(m) for m in measurements],
         "fenced_over_plain": {str(c): ratio for c, ratio in ratios(measurements).items()},
         "fenced_cpu_ms_per_request": {str(c): cost for c, cost in fenced_cpu(measurements).items()},
+        "p50_added_ms_at_20ms_upstream": added_latency(measurements),
     }
     if postgres is not None:
         figures["postgresql"] = {
