@@ -2,12 +2,13 @@
 SIGHUP), and what it must refuse. No I/O: the proxy's shell reads the file, the
 effects in doubt and swaps the policy (proxy/reloading.py).
 
-Routes, upstreams, leases and quotas change while it runs: each request takes the
-policy once, at its start, and keeps it to its end. The other blocks are read once
-at start by things that outlive a request (the listener and its TLS files, the
-connection limits given to the server, the store and its pool, the keys and the
-credentials made from them, the retention collector), so a change of theirs needs a
-restart, and is refused rather than half applied.
+Routes, upstreams, leases, quotas and the clients of `auth:` change while it runs:
+each request takes the policy and the credentials made from its clients once, at its
+start, and keeps them to its end. `auth:` itself may be added by a reload, never
+taken away (`auth_taken_away`). The other blocks are read once at start by things
+that outlive a request (the listener and its TLS files, the connection limits given
+to the server, the store and its pool, the admin tokens, the retention collector),
+so a change of theirs needs a restart, and is refused rather than half applied.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ RESTART_KEYS = (
     "store_pool",
     "admin_token_env",
     "admin_token_next_env",
-    "auth",
     "limits",
     "retention",
 )
@@ -34,6 +34,19 @@ RESTART_KEYS = (
 def restart_changes(old: Policy, new: Policy) -> list[str]:
     """The keys whose value differs and that a running proxy cannot take."""
     return [key for key in RESTART_KEYS if getattr(old, key) != getattr(new, key)]
+
+
+def auth_taken_away(old: Policy, new: Policy) -> str | None:
+    """Why a reload may not serve `new` after `old` for want of `auth:`, or None. A file
+    that lost its `auth:` block, by mistake or not, would open the lease API and every
+    read to anyone who can reach the proxy, from the next request on and with no one
+    restarting anything: serving without it takes a restart, a deliberate act."""
+    if old.auth is None or new.auth is not None:
+        return None
+    return (
+        "auth cannot be taken away by a reload (every call would then need no key); "
+        "restart the proxy to serve without it"
+    )
 
 
 def stranding_changes(old: Policy, new: Policy) -> dict[str, str]:

@@ -24,7 +24,7 @@ from core.records import Refusal
 from policies import Policy, RouteMatch
 from proxy import control, fenced, forwarding, operations, periodic, reloading, ui
 from proxy import telemetry as proxy_telemetry
-from proxy.auth import CREDENTIALS, Credentials
+from proxy.auth import KEYRING, Credentials, Keyring, take_credentials
 from proxy.identity import IdentityCheck, check_store_identity
 from proxy.logredact import redaction_ctx
 from proxy.problems import http_error_problem, problem, refusal_response
@@ -79,11 +79,9 @@ def build_app(
     process's environment by default). `policy_file` is what a reload reads again
     (SIGHUP, POST /_fence/v1/admin/reload), `policy_digest` the sha256 of the bytes
     `policy` was read from. Raises `KeyProblem` for a client without a key."""
-    credentials = Credentials.of(
-        policy,
-        [token for token in (admin_token, admin_token_next) if token],
-        os.environ if environ is None else environ,
-    )
+    admin_tokens = tuple(token for token in (admin_token, admin_token_next) if token)
+    environ = os.environ if environ is None else environ
+    keyring = Keyring(Credentials.of(policy, admin_tokens, environ), admin_tokens, environ)
     if store is None:
         store = open_store(policy.store, clock, default_instance_id(policy), policy.store_pool)
     middlewares: list[Middleware] = [capacity_middleware, problem_middleware]
@@ -91,14 +89,19 @@ def build_app(
         middlewares.insert(0, proxy_telemetry.scope_middleware)
     app = web.Application(middlewares=middlewares)
     runtime = Runtime(
-        policy, store, identity=identity, policy_file=policy_file, policy_digest=policy_digest
+        policy,
+        store,
+        keyring=keyring,
+        identity=identity,
+        policy_file=policy_file,
+        policy_digest=policy_digest,
     )
     runtime.metrics.serve_policy(policy_digest)
     runtime.metrics.watch_leases(
         store, tuple(route.resource_glob for route in operations.fenced_routes(policy))
     )
     app[RUNTIME] = runtime
-    app[CREDENTIALS] = credentials
+    app[KEYRING] = keyring
     app[BODY_TIMEOUT] = policy.limits.body_timeout_s
     app.cleanup_ctx.extend(
         [
@@ -504,6 +507,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             f"the Connection header names {stripped}, which cannot be removed in transit",
         )
     match = runtime.policy.match(request.method, request.path)
+    # With the policy, before any wait: the credentials of the same reload's generation.
+    take_credentials(request)
     if match is None:
         raise Refusal(ErrorCode.NO_ROUTE, f"no route matches {request.method} {request.path}")
     telemetry.about(route=match.route.name)
@@ -517,7 +522,7 @@ async def _pass_through(
 ) -> web.StreamResponse:
     route = match.route
     body = forwarding.upstream_body(request, await read_body(request, route.max_body_bytes))
-    headers = forwarding.upstream_headers(request, None, request.config_dict[CREDENTIALS])
+    headers = forwarding.upstream_headers(request, None, take_credentials(request))
     telemetry.inject(headers)
     response: web.StreamResponse | None = None
     try:

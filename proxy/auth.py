@@ -1,10 +1,14 @@
 """Who is calling the control API, and what it may do there.
 
-`authenticate(request)` is the one place a credential becomes a client: today a
-bearer key (a client's of the policy's `auth:` block, or an admin token); a
-verified TLS client certificate would be mapped to a client here too. Once a
-call has let a client through (`require`, `guard`), the client is on the request
-under `CLIENT`, for whatever is keyed by it (quotas, logs).
+`authenticate(request)` is the one place a credential becomes a client: a bearer
+key (a client's of the policy's `auth:` block, or an admin token), or a verified
+TLS client certificate's subject. Once a call has let a client through
+(`require`, `guard`), the client is on the request under `CLIENT`, for whatever is
+keyed by it (quotas, logs).
+
+The credentials in force are the `Keyring`'s; a policy reload makes new ones from
+its `auth:` block and swaps them in with the policy (proxy/reloading.py). A request
+takes them once (`credentials`) and keeps them to its end, as it keeps its policy.
 
 Keys are never kept, only their SHA-256: a presented key is hashed and compared
 with every configured digest in constant time, so neither a match nor its
@@ -159,7 +163,33 @@ class Credentials:
         return clients
 
 
-CREDENTIALS = web.AppKey("credentials", Credentials)
+@dataclass
+class Keyring:
+    """The credentials in force, and what they are made of besides the policy: the
+    admin tokens and the environment the clients' `key_env` are read from, both
+    taken once at start (a reload cannot change a running process's environment)."""
+
+    current: Credentials
+    admin_tokens: tuple[str, ...] = ()
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    def made_for(self, policy: Policy) -> Credentials:
+        """The credentials of `policy`'s clients; `KeyProblem` as at start."""
+        return Credentials.of(policy, self.admin_tokens, self.environ)
+
+
+KEYRING = web.AppKey("keyring", Keyring)
+_TAKEN = web.RequestKey("credentials", Credentials)
+
+
+def take_credentials(request: web.Request) -> Credentials:
+    """The credentials this request is judged by: those in force when it first asked,
+    kept to its end. A reload under way changes neither who it is nor which
+    Authorization header is the proxy's to keep from the upstream."""
+    taken = request.get(_TAKEN)
+    if taken is None:
+        taken = request[_TAKEN] = request.config_dict[KEYRING].current
+    return taken
 
 
 def authenticate(request: web.Request) -> AuthClient | None:
@@ -171,18 +201,18 @@ def authenticate(request: web.Request) -> AuthClient | None:
         subject = client_subject(request)
         if subject is None:
             return None
-        return request.config_dict[CREDENTIALS].subjects.get(subject)
+        return take_credentials(request).subjects.get(subject)
     scheme, _, key = header.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         return None
-    return request.config_dict[CREDENTIALS].match(key)
+    return take_credentials(request).match(key)
 
 
 def require(request: web.Request, right: Right, resource: str | None = None) -> AuthClient:
     """The caller, if it holds `right` (and covers `resource`): otherwise 401 for no
     valid key, 403 `forbidden` for a right it lacks, 403 `forbidden_resource`."""
-    credentials = request.config_dict[CREDENTIALS]
+    credentials = take_credentials(request)
     client = authenticate(request)
     if client is None:
         if not credentials.admin_api_on:
@@ -208,7 +238,7 @@ def require(request: web.Request, right: Right, resource: str | None = None) -> 
 def guard(request: web.Request, right: Right, resource: str | None = None) -> AuthClient | None:
     """For the calls open to anyone without `auth:` (acquire, lease view, metrics):
     None then; with it, `require`."""
-    if not request.config_dict[CREDENTIALS].required:
+    if not take_credentials(request).required:
         return None
     return require(request, right, resource)
 

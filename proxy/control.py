@@ -152,7 +152,7 @@ async def renew(request: web.Request) -> web.Response:
     await lease_before_body(request, token, runtime.store)
     data = await json_object(request, {"ttl_s"})
     seconds = ttl(data, runtime.policy.leases)
-    standing = request.config_dict[auth.CREDENTIALS].standing
+    standing = auth.take_credentials(request).standing
     result = await runtime.store.renew(token_hash(token), seconds, standing)
     if isinstance(result, Refusal):
         await _record(request, result)

@@ -35,7 +35,7 @@ from core.records import (
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
 from proxy import failpoints, forwarding, periodic
-from proxy.auth import CREDENTIALS
+from proxy.auth import take_credentials
 from proxy.problems import problem, refusal_response
 from proxy.requests import (
     fingerprint,
@@ -117,7 +117,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
         upstream_idempotent=route.upstream_idempotent,
         send_window_s=route.upstream.send_window_s,
     )
-    standing = request.config_dict[CREDENTIALS].standing
+    standing = take_credentials(request).standing
     # Started before the admission's transaction begins: the effect's stored deadline
     # counts from a moment inside it, so this budget always ends first.
     send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
@@ -342,7 +342,7 @@ async def _dispatch_admitted(
         headers: CIMultiDict[str] = forwarding.upstream_headers(
             request,
             fence if route.forward_fence_headers else None,
-            request.config_dict[CREDENTIALS],
+            take_credentials(request),
         )
     except Exception as exc:
         log.exception("could not build the upstream request for %s", effect.id)

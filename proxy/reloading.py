@@ -1,10 +1,14 @@
 """Reading the policy file again in a running proxy (`POST /_fence/v1/admin/reload`,
 `fenceproxy reload`, SIGHUP): checked as `check-config` checks it, then swapped in
-one assignment, or refused with nothing changed (the rules: policies/reloading.py).
+with no wait between the policy and the credentials made from its clients, or
+refused with nothing changed (the rules: policies/reloading.py).
 
-A request takes the policy once, at its start (proxy/app.py proxy_handler), and
-keeps it to its end; so one in flight during a swap finishes as it began, and its
-upstream's session stays open until it is done.
+A request takes the policy and the credentials once, at its start (proxy/app.py
+proxy_handler, proxy/auth.py take_credentials), and keeps them to its end; so one in
+flight during a swap finishes as it began, under the client it was, and its
+upstream's session stays open until it is done. A client removed keeps its leases
+(ended as any lease is: expiry, release, revoke), but its token no longer renews nor
+writes (core/fencing.py check_standing), and its key is refused.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ from dataclasses import dataclass
 
 from core.records import EffectRecord
 from policies import ConfigError, Upstream, load_policy_with_digest
-from policies.reloading import Unsettled, restart_changes, stranded, stranding_changes
+from policies.reloading import (
+    Unsettled,
+    auth_taken_away,
+    restart_changes,
+    stranded,
+    stranding_changes,
+)
 from proxy import operations
+from proxy.auth import KeyProblem
 from proxy.runtime import Runtime, Upstreams
 from reconcile import operations as reconciliation
 from store import StoreError
@@ -88,13 +99,22 @@ async def _reload(runtime: Runtime, upstreams: Upstreams) -> Reloaded:
             raise ReloadRefused(
                 f"{path}: {', '.join(fixed)} cannot change without a restart (nothing was changed)"
             )
+        unguarded = auth_taken_away(old, policy)
+        if unguarded is not None:
+            raise ReloadRefused(f"{path}: {unguarded} (nothing was changed)")
+        try:
+            credentials = runtime.keyring.made_for(policy)
+        except KeyProblem as exc:
+            raise ReloadRefused(f"{path}: {exc} (nothing was changed)") from None
         taken = stranding_changes(old, policy)
         if taken:
             await _refuse_stranding(runtime, path, taken)
         retired = upstreams.pools.update(policy.upstreams.values())
         before = runtime.generation
-        # The swap: one assignment of a frozen policy; requests read it once, at start.
+        # The swap: a frozen policy and its credentials, with no wait between them;
+        # requests read both once, at start.
         runtime.policy = policy
+        runtime.keyring.current = credentials
         runtime.generation = before + 1
         previous, runtime.policy_digest = runtime.policy_digest, digest
         if runtime.reconciler is not None:

@@ -16,7 +16,7 @@ from core.codes import ErrorCode
 from core.quotas import AcquireRate
 from core.records import Rejection
 from policies import Policy
-from proxy.auth import CLIENT
+from proxy.auth import CLIENT, Credentials, Keyring
 from proxy.identity import IdentityCheck
 from proxy.metrics import Metrics
 from proxy.readiness import Readiness
@@ -40,6 +40,8 @@ class Runtime:
     # was cut off by the end of the grace.
     stopping: bool = False
     metrics: Metrics = field(default_factory=Metrics)
+    # The credentials of `policy`'s clients and the admin tokens: swapped with it.
+    keyring: Keyring = field(default_factory=lambda: Keyring(Credentials((), required=False)))
     reconciler: Reconciler | None = None
     retention: RetentionCollector | None = None
     shutting_down: bool = False

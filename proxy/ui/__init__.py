@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 
 from core.codes import ErrorCode
 from core.records import Refusal
-from proxy.auth import CREDENTIALS
+from proxy.auth import take_credentials
 
 PREFIX = "/_fence/ui"
 _HERE = Path(__file__).parent
@@ -84,8 +84,8 @@ async def to_page(request: web.Request) -> web.Response:
 @aiohttp_jinja2.template("status.html")
 async def page(request: web.Request) -> dict[str, object]:
     return {
-        "admin_api_on": request.config_dict[CREDENTIALS].admin_api_on,
-        "auth_clients": request.config_dict[CREDENTIALS].required,
+        "admin_api_on": take_credentials(request).admin_api_on,
+        "auth_clients": take_credentials(request).required,
         "static": f"{PREFIX}/static",
     }
 

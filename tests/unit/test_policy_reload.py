@@ -19,6 +19,7 @@ from policies import load_policy_with_digest, parse_policy
 from policies.reloading import (
     RESTART_KEYS,
     Unsettled,
+    auth_taken_away,
     restart_changes,
     stranded,
     stranding_changes,
@@ -58,15 +59,39 @@ def edited(old: str, new: str) -> str:
     return BASE.replace(old, new)
 
 
-def test_routes_upstreams_leases_and_quotas_change_without_a_restart() -> None:
-    old = parse_policy(BASE)
+AUTH = """\
+auth:
+  clients:
+    - {name: workers, key_sha256: "%s", resources: ["supplier:*"], may: [lease]}
+"""
+WORKERS_KEY = AUTH % ("a" * 64)
+
+
+def test_routes_upstreams_leases_quotas_and_clients_change_without_a_restart() -> None:
+    old = parse_policy(BASE + WORKERS_KEY)
     for text in (
         edited("timeout_s: 5", "timeout_s: 9"),
         edited("default_ttl_s: 30", "default_ttl_s: 60"),
         edited('[GET], path: "/orders/{sku}"', '[GET], path: "/o/{sku}"'),
         BASE + "quotas: {live_leases: 5}\n",
     ):
-        assert restart_changes(old, parse_policy(text)) == []
+        assert restart_changes(old, parse_policy(text + WORKERS_KEY)) == []
+    for auth in (
+        AUTH % ("b" * 64),  # a key rotated
+        WORKERS_KEY
+        + "    - {name: readers, key_env: READERS_KEY, resources: ['*'], may: [read]}\n",
+        WORKERS_KEY.replace('["supplier:*"]', '["supplier:a"]'),
+    ):
+        assert restart_changes(old, parse_policy(BASE + auth)) == []
+
+
+def test_auth_may_be_added_by_a_reload_but_not_taken_away() -> None:
+    without, guarded = parse_policy(BASE), parse_policy(BASE + WORKERS_KEY)
+    assert auth_taken_away(without, guarded) is None
+    assert auth_taken_away(guarded, parse_policy(BASE + AUTH % ("b" * 64))) is None
+    assert auth_taken_away(without, without) is None
+    refusal = auth_taken_away(guarded, without)
+    assert refusal is not None and "restart" in refusal
 
 
 @pytest.mark.parametrize(

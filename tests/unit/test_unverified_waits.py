@@ -14,7 +14,7 @@ from multidict import CIMultiDict
 
 from core.records import LeaseRecord, Refusal
 from policies import AuthClient, Right
-from proxy.auth import CREDENTIALS, Credentials
+from proxy.auth import KEYRING, Credentials, Keyring
 from proxy.control import verify_presented_key
 from proxy.requests import CREDENTIAL_VERIFIED, lease_before_body
 from store import Store
@@ -32,7 +32,7 @@ TOKEN = "fpt_" + "A" * 43
 
 def renew_request(*headers: tuple[str, str]) -> web.Request:
     app = web.Application()
-    app[CREDENTIALS] = Credentials(((hashlib.sha256(KEY.encode()).digest(), WORKERS),), True)
+    app[KEYRING] = Keyring(Credentials(((hashlib.sha256(KEY.encode()).digest(), WORKERS),), True))
     return make_mocked_request(
         "POST", "/_fence/v1/leases/renew", headers=CIMultiDict(headers), app=app
     )

@@ -379,6 +379,7 @@ class FenceFactory(Protocol):
         quotas: str | None = None,
         top_level: str = "",
         admin_token_next: str | None = None,
+        reloadable: bool = False,
     ) -> Awaitable[Fence]: ...
 
 
@@ -462,7 +463,10 @@ async def make_fence(
         quotas: str | None = None,
         top_level: str = "",
         admin_token_next: str | None = None,
+        reloadable: bool = False,
     ) -> Fence:
+        """`reloadable`: the app is told its policy file (`config_path`), so that the
+        admin API's reload reads it again (and SIGHUP does, while the app runs)."""
         demo_server, upstream = await start_upstream()
         db_path = tmp_path / "fence.db"  # store_url's file, on SQLite
         url = upstream_url or f"http://127.0.0.1:{demo_server.port}"
@@ -485,7 +489,11 @@ async def make_fence(
 
         async def start() -> Fence:
             app = build_app(
-                policy, admin_token=admin_token, clock=clock, admin_token_next=admin_token_next
+                policy,
+                admin_token=admin_token,
+                clock=clock,
+                admin_token_next=admin_token_next,
+                policy_file=str(config_path) if reloadable else None,
             )
             # The options `fenceproxy serve` gives aiohttp's server: the parser limits (so
             # that oversized headers reach the proxy's own check rather than aiohttp's

@@ -302,3 +302,43 @@ async def test_replicas_serving_different_files_see_each_other(fleet: Fleet) -> 
             return bool((await readyz(api, first))["policy"] == {"digest": new, "disagreeing": []})
 
         await eventually("the replicas to agree again", agree_again, WAIT_S)
+
+
+async def test_sighup_takes_a_rotated_client_key(fleet: Fleet) -> None:
+    """A `serve` process told by SIGHUP that a client's key changed: the old key is
+    refused from then on, the new one let in."""
+    old_key, new_key = (
+        "old-key-0123456789abcdef0123456789ab",
+        "new-key-0123456789abcdef0123456789ab",
+    )
+    proxy = start(fleet)
+    config = yaml.safe_load(proxy.config_path.read_text())
+
+    def with_key(key: str) -> str:
+        client = {
+            "name": "workers",
+            "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
+            "resources": ["r:*"],
+            "may": ["lease"],
+        }
+        return yaml.safe_dump({**config, "auth": {"clients": [client]}}, sort_keys=False)
+
+    async def acquire_with(api: Api, key: str, resource: str) -> Answer:
+        return await call(
+            api.session,
+            "POST",
+            f"{proxy.url}/_fence/v1/leases",
+            json_body={"resource": resource, "holder": "w", "ttl_s": 30},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+
+    async with api_for(fleet) as api:
+        proxy.config_path.write_text(with_key(old_key))
+        assert (await reload_via_api(api, proxy)).status == 200
+        assert (await acquire_with(api, old_key, "r:a")).status == 201
+        proxy.config_path.write_text(with_key(new_key))
+        os.kill(proxy.process.pid, signal.SIGHUP)
+        await serving(api, proxy, digest_of(proxy.config_path))
+        refused = await acquire_with(api, old_key, "r:b")
+        assert refused.status == 401 and refused.code == "unauthorized", refused
+        assert (await acquire_with(api, new_key, "r:b")).status == 201
