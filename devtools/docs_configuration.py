@@ -263,7 +263,7 @@ ENVIRONMENT: dict[str, str] = {
     ),
     "FENCEPROXY_FAILPOINTS": (
         "for tests only: named places where `serve` stops itself (SIGSTOP), comma-separated "
-        "(`admitted`, `before_send`, `sent`; `NAME:once` stops there the first time only); "
-        "default: none. See Contributing, failpoints"
+        "(`admitted`, `before_send`, `cancelled`, `sent`; `NAME:once` stops there the first "
+        "time only); default: none. See Contributing, failpoints"
     ),
 }

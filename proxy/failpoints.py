@@ -13,6 +13,8 @@ The points, in the order a fenced request reaches them:
   before anything else is done.
 * `before_send`: the send deadline was checked and passed and the upstream connection
   is had, right before the request's first byte is written.
+* `cancelled`: the request's handler was cancelled while it dispatched (`serve` past
+  a stop's grace), before the receipt that records the effect UNKNOWN is written.
 * `sent`: the dispatch is over (the upstream's answer read, or its failure known),
   before its receipt is written.
 """
@@ -26,8 +28,9 @@ from collections.abc import Mapping
 ENV = "FENCEPROXY_FAILPOINTS"
 ADMITTED = "admitted"
 BEFORE_SEND = "before_send"
+CANCELLED = "cancelled"
 SENT = "sent"
-NAMES = frozenset({ADMITTED, BEFORE_SEND, SENT})
+NAMES = frozenset({ADMITTED, BEFORE_SEND, CANCELLED, SENT})
 ONCE = "once"
 
 # What is enabled, and of it what fires only once: set by `configure`, as `serve` starts.

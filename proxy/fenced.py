@@ -372,6 +372,7 @@ async def _dispatch_admitted(
             # request may have left: the receipt says so (UNKNOWN), and is written
             # before the cancellation goes on.
             cancelled = asyncio.current_task()
+            failpoints.reach(failpoints.CANCELLED)
             result = Lost(
                 "the proxy shut down (grace period over) before the answer arrived"
                 if runtime.stopping

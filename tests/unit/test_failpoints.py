@@ -17,9 +17,9 @@ from proxy import failpoints
 
 def test_the_syntax_names_points_and_once() -> None:
     assert failpoints.parse("") == (frozenset(), frozenset())
-    assert failpoints.parse(" admitted , before_send:once,,sent ") == (
-        frozenset({"admitted", "before_send", "sent"}),
-        frozenset({"before_send"}),
+    assert failpoints.parse(" admitted , before_send:once,,sent,cancelled:once ") == (
+        frozenset({"admitted", "before_send", "cancelled", "sent"}),
+        frozenset({"before_send", "cancelled"}),
     )
     # Named both ways, in either order, it fires every time.
     for spec in ("sent:once,sent", "sent,sent:once"):
