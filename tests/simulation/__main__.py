@@ -44,6 +44,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--stop-on", metavar="CAUSE", help="stop at the first violation with this cause"
     )
+    parser.add_argument(
+        "--no-cancellations",
+        action="store_true",
+        help="no handler cancelled in the middle of a dispatch: a seed takes the steps it "
+        "took before the simulation had them (the known bugs' seeds)",
+    )
     parser.add_argument("--trace", type=int, default=40, help="trace lines shown on failure")
     parser.add_argument("--echo", action="store_true", help="print every step as it runs")
     parser.add_argument(
@@ -79,6 +85,7 @@ async def amain(args: argparse.Namespace) -> int:
             stop_on=args.stop_on,
             trace_lines=args.trace,
             echo=args.echo,
+            cancellations=not args.no_cancellations,
         )
         for seed in range(args.seed, args.seed + args.seeds)
         for mode in modes

@@ -44,6 +44,9 @@ class RunConfig:
     stop_on: str | None = None  # stop at the first violation with this cause
     trace_lines: int = 40
     echo: bool = False  # print every step as it runs
+    # Handlers cancelled in the middle of a dispatch (world.World.do_cancel); off, a seed
+    # takes the steps it took before the simulation had them.
+    cancellations: bool = True
 
     def replay(self, steps: int, stop_on: str | None = None) -> str:
         command = (
@@ -52,6 +55,8 @@ class RunConfig:
         )
         if not self.allowed:
             command += " --strict"
+        if not self.cancellations:
+            command += " --no-cancellations"
         if stop_on is not None:
             command += f" --stop-on {stop_on}"
         return command
@@ -89,6 +94,8 @@ class RunResult:
     trace_digest: str = ""
     # Receipts by the writer they were given (driver.Receipt.path).
     receipts_by_path: Counter[str] = field(default_factory=Counter)
+    # Cancelled handlers' receipts, by when they came (world.World.cancelled_receipts).
+    cancellations: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -318,6 +325,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
             replicas={},
             rng=random.Random(f"{config.seed}:{config.evidence.value}"),
             receipt_paths=random.Random(f"{config.seed}:{config.evidence.value}:receipts"),
+            cancellations=config.cancellations,
         )
         world.replicas = {name: ReplicaState(name, r) for name, r in replicas.items()}
         run_ = Run(config, world, result)
@@ -327,6 +335,7 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
         result.reads_overtaken = checker.reads_overtaken
         result.upstream_requests = upstream.requests
         result.receipts_by_path = world.receipts_by_path
+        result.cancellations = world.cancelled_receipts
         result.trace_digest = run_.digest.hexdigest()
         for (resource, key), seqs in sorted(upstream.applied_keys.items()):
             if len(seqs) > 1 and not world.route_of(resource).upstream_idempotent:

@@ -56,6 +56,9 @@ TTLS = (17.5, 31.5, 52.5, 73.5)
 RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission and landing
 # How often a replica pauses between an admission and its send (the send deadline's case).
 HELD = 0.1
+# How often a cancelled handler's receipt waits for later steps (its replica stopped at
+# the `cancelled` failpoint, proxy/failpoints.py) rather than being written at once.
+CANCELLED_RECEIPT_LATER = 0.5
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long
 # How often a write that moves an effect (a probe's answer, a receipt, a sweep) commits
 # while the other replica is reading that effect with its history (the API's GET).
@@ -153,6 +156,7 @@ WEIGHTS = {
     "respond": 3.0,
     "receive": 14.0,
     "send": 3.0,
+    "cancel": 1.0,
     "stall": 1.0,
     "unstall": 2.0,
     "restart": 0.5,
@@ -232,6 +236,9 @@ class Dispatch:
     held: bool = False
     admitted_tick: int = 0
     too_late: bool = False  # the send step found the send deadline passed: never sent
+    # Its handler was cancelled before the answer came (`serve` past a stop's grace): the
+    # receipt says the outcome is unknown, whatever the request did; held, it never leaves.
+    cancelled: bool = False
 
     @property
     def name(self) -> str:
@@ -291,6 +298,10 @@ class World:
     probe_history: dict[int, list[bool]] = field(default_factory=dict)
     seq: int = 0
     receipts_by_path: Counter[str] = field(default_factory=Counter)
+    # Whether handlers are cancelled in the middle of a dispatch (the `cancel` step), and
+    # how their receipts came: "receipt at once" or "receipt later".
+    cancellations: bool = True
+    cancelled_receipts: Counter[str] = field(default_factory=Counter)
     step: StepInfo = field(default_factory=lambda: StepInfo(0, "start"))
     reads_rng: random.Random = field(init=False)
 
@@ -380,6 +391,7 @@ class World:
             "respond": bool(self._late_answers()),
             "receive": bool(self._receivable()),
             "send": bool(self._sendable()),
+            "cancel": self.cancellations and bool(self._cancellable()),
             "stall": len(running) > 1,
             "unstall": bool(stalled),
             "restart": True,
@@ -694,10 +706,15 @@ class World:
             if self.dispatches[s].landed
             and self.dispatches[s].mode is AnswerMode.LATE
             and self.dispatches[s].answer_at is None
+            and not self.dispatches[s].cancelled
         ]
 
     def receivable(self, d: Dispatch) -> bool:
-        if d.recorded or d.orphaned or d.held or d.record_not_before > self.tick:
+        if d.recorded or d.orphaned or d.record_not_before > self.tick:
+            return False
+        if d.cancelled:
+            return True
+        if d.held:
             return False
         if d.fate is Fate.REFUSED:
             return True
@@ -730,7 +747,9 @@ class World:
         return [
             s
             for s in self.pending
-            if self.dispatches[s].held and not self.replicas[self.dispatches[s].replica].stalled
+            if self.dispatches[s].held
+            and not self.dispatches[s].cancelled
+            and not self.replicas[self.dispatches[s].replica].stalled
         ]
 
     async def do_send(self) -> None:
@@ -754,7 +773,42 @@ class World:
         if d.fate is not Fate.REFUSED and self.rng.random() < 0.6:
             self.land(d)
 
+    def _cancellable(self) -> list[int]:
+        """Dispatches whose handler is still waiting: held before its send, or sent
+        (or refused) with no answer arrived yet, on a replica that runs."""
+        return [
+            s
+            for s in self.pending
+            if not self.dispatches[s].cancelled
+            and self.dispatches[s].answer_at is None
+            and (self.dispatches[s].held or self.dispatches[s].fate is not Fate.REFUSED)
+            and not self.replicas[self.dispatches[s].replica].stalled
+        ]
+
+    async def do_cancel(self) -> None:
+        """`serve` stops, and once its grace is over cancels a handler in the middle of
+        its dispatch (proxy/fenced.py): its receipt says the outcome is unknown, written
+        at once, or steps later when the replica stops at the `cancelled` failpoint
+        first (sweeps, probes, an operator and the other replica go on meanwhile). A
+        request that had left may still land; a held one never leaves."""
+        d = self.dispatches[self.rng.choice(self._cancellable())]
+        d.cancelled = True
+        where = "before its send" if d.held else "waiting for the upstream"
+        if self.rng.random() < CANCELLED_RECEIPT_LATER:
+            d.record_not_before = max(d.record_not_before, self.tick + self.rng.randint(1, 3))
+            self.cancelled_receipts["receipt later"] += 1
+            self.note(
+                f"{d.name}: its handler is cancelled {where}; its proxy stops at the "
+                f"failpoint until t={d.record_not_before}"
+            )
+            return
+        self.cancelled_receipts["receipt at once"] += 1
+        self.note(f"{d.name}: its handler is cancelled {where}")
+        await self.receive(d)
+
     def dispatch_result(self, d: Dispatch) -> DispatchResult:
+        if d.cancelled:
+            return Lost("the request's handler was cancelled before the answer arrived")
         if d.too_late:
             return TooLateToSend("the send deadline passed before the send")
         if d.fate is Fate.REFUSED:
