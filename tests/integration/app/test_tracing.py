@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,23 +81,38 @@ def log_lines() -> Iterator[Lines]:
         logger.setLevel(level)
 
 
-Seen = list[tuple[str, str, dict[str, str]]]
-
-
-async def recording_upstream(aiohttp_server: AiohttpServer, db: str, seen: Seen) -> str:
+@dataclass
+class RecordingUpstream:
     """The demo upstream, with every request's method, path and headers kept in `seen`
     (its own record keeps only writes' headers, and not a probe's)."""
 
+    url: str
+    seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    def headers_of(self, method: str, path: str | None = None) -> list[dict[str, str]]:
+        """The headers of each request with this method (and path), in order."""
+        return [
+            headers
+            for seen_method, seen_path, headers in self.seen
+            if seen_method == method and path in (None, seen_path)
+        ]
+
+
+@pytest.fixture
+async def recording_upstream(aiohttp_server: AiohttpServer, tmp_path: Path) -> RecordingUpstream:
+    recording = RecordingUpstream("")
+
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
-        seen.append((request.method, request.path, dict(request.headers)))
+        recording.seen.append((request.method, request.path, dict(request.headers)))
         response: web.StreamResponse = await handler(request)
         return response
 
-    app = make_upstream_app(db)
+    app = make_upstream_app(str(tmp_path / "upstream.db"))
     app.middlewares.insert(0, record)
     server = await aiohttp_server(app, host="127.0.0.1")
-    return f"http://127.0.0.1:{server.port}"
+    recording.url = f"http://127.0.0.1:{server.port}"
+    return recording
 
 
 def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
@@ -121,13 +138,9 @@ def trace_id(span: ReadableSpan) -> int:
 async def test_a_fenced_write_is_a_request_span_with_admission_upstream_and_receipt(
     make_fence: FenceFactory,
     exporter: InMemorySpanExporter,
-    aiohttp_server: AiohttpServer,
-    tmp_path: Any,
+    recording_upstream: RecordingUpstream,
 ) -> None:
-    seen: Seen = []
-    fence = await make_fence(
-        upstream_url=await recording_upstream(aiohttp_server, str(tmp_path / "up.db"), seen)
-    )
+    fence = await make_fence(upstream_url=recording_upstream.url)
     lease = await fence.acquire("supplier:sku-1")
     exporter.clear()
     response = await fence.order(
@@ -173,7 +186,7 @@ async def test_a_fenced_write_is_a_request_span_with_admission_upstream_and_rece
     assert dict(upstream.attributes or {}) == {"http.response.status_code": 201}
 
     # The upstream was sent the proxy's upstream span as its parent, in the worker's trace.
-    (write,) = [headers for method, path, headers in seen if method == "POST"]
+    (write,) = recording_upstream.headers_of("POST")
     assert write["traceparent"] == (f"00-{WORKER_TRACE_ID}-{format(span_id(upstream), '016x')}-01")
 
 
@@ -203,14 +216,9 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
     make_fence: FenceFactory,
     exporter: InMemorySpanExporter,
     log_lines: Lines,
-    aiohttp_server: AiohttpServer,
-    tmp_path: Any,
+    recording_upstream: RecordingUpstream,
 ) -> None:
-    seen: Seen = []
-    fence = await make_fence(
-        upstream_url=await recording_upstream(aiohttp_server, str(tmp_path / "up.db"), seen),
-        reconcile=PROBE_BY_KEY,
-    )
+    fence = await make_fence(upstream_url=recording_upstream.url, reconcile=PROBE_BY_KEY)
     lease = await fence.acquire("supplier:sku-3")
     response = await fence.order(
         "sku-3", lease["token"], "key-3", headers={"Demo-Drop-Response": "1"}
@@ -247,7 +255,7 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
     # and the upstream was sent that call's span as its parent.
     assert probe.parent is None
     (asked,) = [span for span in by_name(spans, "upstream") if parent_id(span) == span_id(probe)]
-    probe_requests = [headers for method, path, headers in seen if path == "/orders/by-key/key-3"]
+    probe_requests = recording_upstream.headers_of("GET", "/orders/by-key/key-3")
     assert asked.context is not None
     flags = format(asked.context.trace_flags, "02x")
     assert probe_requests[-1]["traceparent"] == (
@@ -271,13 +279,9 @@ async def test_a_probe_is_a_span_of_its_own_whose_upstream_call_carries_it(
 async def test_a_request_the_worker_did_not_sample_records_nothing_and_says_so_upstream(
     make_fence: FenceFactory,
     exporter: InMemorySpanExporter,
-    aiohttp_server: AiohttpServer,
-    tmp_path: Any,
+    recording_upstream: RecordingUpstream,
 ) -> None:
-    seen: Seen = []
-    fence = await make_fence(
-        upstream_url=await recording_upstream(aiohttp_server, str(tmp_path / "up.db"), seen)
-    )
+    fence = await make_fence(upstream_url=recording_upstream.url)
     lease = await fence.acquire("supplier:sku-4")
     exporter.clear()
     unsampled = f"00-{WORKER_TRACE_ID}-{WORKER_SPAN_ID}-00"
@@ -286,7 +290,7 @@ async def test_a_request_the_worker_did_not_sample_records_nothing_and_says_so_u
     )
     assert response.status == 201, await response.text()
     assert exporter.get_finished_spans() == ()
-    (write,) = [headers for method, path, headers in seen if method == "POST"]
+    (write,) = recording_upstream.headers_of("POST")
     version, trace, parent, flags = write["traceparent"].split("-")
     assert (version, trace, flags) == ("00", WORKER_TRACE_ID, "00")
     assert parent != WORKER_SPAN_ID  # the proxy's request, in the worker's trace
