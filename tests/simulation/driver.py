@@ -30,18 +30,22 @@ What is called, and what each call stands for:
 | sweep)                 | between its first statement and the next (`MidRead`)  |
 
 Time: on SQLite the store reads `Authority.clock` (the simulated time); on
-PostgreSQL the store reads the database's now() + store_meta.clock_offset_s, and
-`Authority.set_time` sets that offset so that the two agree (see `set_time`).
+PostgreSQL the store reads the database's clock_timestamp() (and now()) +
+store_meta.clock_offset_s, and the run's schema has clock functions of its own that
+answer the simulated time (`SIMULATED_CLOCK`), ahead of pg_catalog's in the store's
+search_path, flowing PG_CLOCK_SLOWER times slower than the machine's between two
+moves: a loaded machine's slow steps move the store's clock by a twentieth of their
+time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -60,11 +64,36 @@ from tests.simulation.tables import EventRow, Moment, moment_of
 Backend = Literal["sqlite", "postgres"]
 Meanwhile = Callable[[], Coroutine[Any, Any, None]]
 
-# PostgreSQL's clock keeps flowing between two moves of the simulated clock. Every
-# duration the simulation uses is at least this far from any multiple of the
-# simulated tick (see world.py), so a drift below it cannot change a decision; a
-# larger one means the machine is too slow for a deterministic run.
+# Every duration the simulation uses is at least this far from any multiple of the
+# simulated tick (see world.py), so a store clock this close to the simulated time
+# cannot change a decision; further, and the run would not be deterministic.
 MAX_PG_DRIFT_S = 0.45
+# PostgreSQL's clock cannot stand still between two moves of the simulated clock, as
+# SQLite's does (a run's reads must not tie, nor go back): it runs this many times
+# slower than the machine's, from the simulated time of the last move. The steps
+# between two moves may so take MAX_PG_DRIFT_S times this on a loaded machine, and
+# two reads tie only when this many microseconds apart.
+PG_CLOCK_SLOWER = 20
+
+# The clock functions the store calls, in the run's schema, which the store URL's
+# search_path puts ahead of pg_catalog's (`ahead_of_pg_catalog`): the simulated time,
+# moved by `Authority.set_time`, flowing PG_CLOCK_SLOWER times slower than the
+# machine's meanwhile. now() stays a transaction's start, before its clock_timestamp().
+SIMULATED_CLOCK = (
+    "CREATE TABLE simulated_time (at float8 NOT NULL, moved timestamptz NOT NULL)",
+    f"""CREATE FUNCTION simulated(real_time timestamptz) RETURNS timestamptz
+        LANGUAGE sql STABLE AS $$
+        SELECT to_timestamp(at + extract(epoch FROM real_time - moved) / {PG_CLOCK_SLOWER})
+        FROM simulated_time $$""",
+    """CREATE FUNCTION clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+        SELECT simulated(pg_catalog.clock_timestamp()) $$""",
+    """CREATE FUNCTION now() RETURNS timestamptz LANGUAGE sql STABLE AS $$
+        SELECT simulated(pg_catalog.now()) $$""",
+)
+# The store's own reading of its clock (store/postgres.sql `now`).
+STORE_CLOCK = (
+    "SELECT extract(epoch FROM clock_timestamp())::float8 + clock_offset_s FROM store_meta"
+)
 
 
 # -- results the simulation sees ---------------------------------------------------
@@ -291,15 +320,23 @@ class Authority:
         self.store_url = store_url
         self.sim_time = 0.0
         self._pg: asyncpg.Connection | None = None
-        self._synced_at = 0.0  # monotonic time of the last PostgreSQL clock move
 
     def clock(self) -> float:
         """SQLite's clock: exactly the simulated time."""
         return self.sim_time
 
     async def open(self) -> None:
+        """On PostgreSQL, before the store is created: the simulated clock at
+        `sim_time`, so that the store reads no other, its creation included."""
         if self.backend == "postgres":
             self._pg = await asyncpg.connect(self.store_url, timeout=10)
+            async with self._pg.transaction():
+                for statement in SIMULATED_CLOCK:
+                    await self._pg.execute(statement)
+                await self._pg.execute(
+                    "INSERT INTO simulated_time VALUES ($1, pg_catalog.clock_timestamp())",
+                    self.sim_time,
+                )
 
     async def close(self) -> None:
         if self._pg is not None:
@@ -307,27 +344,22 @@ class Authority:
             self._pg = None
 
     async def set_time(self, sim_time: float) -> None:
-        """Move the store's clock to `sim_time` (forward only).
-
-        PostgreSQL: the offset is chosen so that now() + offset is `sim_time` at the
-        moment of the update; from then on the database's time flows from there
-        until the next move (the run makes one at least every few steps)."""
+        """Move the store's clock to `sim_time` (forward only), once it is checked to
+        have stayed within MAX_PG_DRIFT_S of the simulated time since the last move."""
         assert sim_time >= self.sim_time
-        self.sim_time = sim_time
         if self._pg is not None:
+            read = float(await self._pg.fetchval(STORE_CLOCK))
+            if not self.sim_time <= read < self.sim_time + MAX_PG_DRIFT_S:
+                raise RuntimeError(
+                    f"PostgreSQL's store reads the time {read:.6f} where the simulated time "
+                    f"is {self.sim_time:.6f}: a clock the simulation does not set, or a "
+                    "machine too slow for a deterministic run"
+                )
             await self._pg.execute(
-                "UPDATE store_meta SET clock_offset_s ="
-                " $1::float8 - extract(epoch FROM clock_timestamp())::float8",
+                "UPDATE simulated_time SET at = $1, moved = pg_catalog.clock_timestamp()",
                 sim_time,
             )
-            self._synced_at = time.monotonic()
-
-    def check_drift(self) -> None:
-        if self._pg is not None and time.monotonic() - self._synced_at > MAX_PG_DRIFT_S:
-            raise RuntimeError(
-                f"PostgreSQL's clock drifted more than {MAX_PG_DRIFT_S}s from the simulated "
-                "time between two clock moves: the machine is too slow for a deterministic run"
-            )
+        self.sim_time = sim_time
 
 
 # -- a replica: one Store object with an instance id -------------------------------
@@ -372,7 +404,6 @@ class Replica:
     async def acquire(
         self, resource: str, holder: str, ttl_s: float, token_hash: str
     ) -> Granted | Refused:
-        self.authority.check_drift()
         result = await self.store.acquire(resource, holder, ttl_s, token_hash)
         if isinstance(result, Refusal):
             return Refused(result.code)
@@ -380,7 +411,6 @@ class Replica:
         return Granted(lease.epoch, lease.expires_at, now)
 
     async def renew(self, token_hash: str, ttl_s: float) -> Granted | Refused:
-        self.authority.check_drift()
         result = await self.store.renew(token_hash, ttl_s)
         if isinstance(result, Refusal):
             return Refused(result.code)
@@ -388,14 +418,12 @@ class Replica:
         return Granted(lease.epoch, lease.expires_at, now)
 
     async def release(self, token_hash: str) -> Released | Refused:
-        self.authority.check_drift()
         result = await self.store.release(token_hash)
         if isinstance(result, Refusal):
             return Refused(result.code)
         return Released(result.epoch)
 
     async def revoke(self, resource: str) -> tuple[int, int]:
-        self.authority.check_drift()
         return await self.store.revoke(resource, "simulated operator revoke")
 
     # -- effects ----------------------------------------------------------------
@@ -403,7 +431,6 @@ class Replica:
     async def admit(
         self, token_hash: str, route: Route, resource: str, key: str | None, fingerprint: str
     ) -> AdmitResult:
-        self.authority.check_drift()
         path = f"/{route.name}/{resource.partition(':')[2]}"
         new = NewEffect(
             route=route.name,
@@ -445,7 +472,6 @@ class Replica:
         """The receipt, as proxy/fenced.py `_dispatch_admitted` computes and records it;
         without `one_statement`, as if the effect as admitted were not known (the store
         then writes the receipt step by step)."""
-        self.authority.check_drift()
         event, reason = receipt_event(result, route.outcomes)
         stored = None
         upstream_status = result.status if isinstance(result, Answered) else None
@@ -463,11 +489,9 @@ class Replica:
         return Receipt(_CLAIMED[event].value, reason, told, path)
 
     async def sweep(self, margin_s: float) -> list[str]:
-        self.authority.check_drift()
         return await self.store.recover(None, margin_s)
 
     async def claim_probes(self, limit: int, claim_s: float) -> list[Claimed]:
-        self.authority.check_drift()
         claimed = await self.store.claim_due_probes(limit, claim_s)
         return [Claimed(e.id, e.created_at, e.probe_attempts, e) for e in claimed]
 
@@ -476,7 +500,6 @@ class Replica:
     ) -> ProbeRecorded:
         """What reconcile/prober.py `probe_effect` does once the upstream answered
         `status` to a probe asked at `asked_at`: judged at the time it was asked."""
-        self.authority.check_drift()
         assert route.reconcile is not None
         effect = claimed.record
         now = await self.store.now()
@@ -508,7 +531,6 @@ class Replica:
         )
 
     async def resolve(self, effect_id: str, committed: bool, reason: str) -> Resolved | Refused:
-        self.authority.check_drift()
         outcome = EffectState.COMMITTED if committed else EffectState.NOT_COMMITTED
         result = await self.store.resolve(effect_id, outcome, reason, "sim")
         if isinstance(result, Refusal):
@@ -525,7 +547,6 @@ class Replica:
         statements run in the reader connection's thread, which waits there while the
         write runs on the event loop (another replica's store: its own connections and
         threads)."""
-        self.authority.check_drift()
         between = meanwhile if self.authority.backend == "postgres" else _on_the_loop(meanwhile)
         view = Store(MidRead(self.store.connector, between), self.instance_id)
         effect, events = await view.effect_with_events(effect_id)
@@ -548,10 +569,21 @@ class Replica:
         )
 
     async def collect_garbage(self) -> int:
-        self.authority.check_drift()
         return await self.store.collect_garbage()
 
 
 def sqlite_url(directory: Path) -> str:
     # Durability is not under test here: NORMAL skips the fsync per commit.
     return f"sqlite:///{directory / 'sim.db'}?synchronous=NORMAL"
+
+
+def ahead_of_pg_catalog(store_url: str) -> str:
+    """A store URL whose search_path names one schema, with pg_catalog after it: the
+    schema's functions (SIMULATED_CLOCK) are found before pg_catalog's."""
+    parts = urlsplit(store_url)
+    query = [
+        (name, f"{value},pg_catalog" if name == "search_path" else value)
+        for name, value in parse_qsl(parts.query)
+    ]
+    assert [name for name, _ in query].count("search_path") == 1, store_url
+    return urlunsplit(parts._replace(query=urlencode(query)))

@@ -3,6 +3,7 @@ seeded steps with the checks after each, drain, check liveness, report."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import shutil
@@ -47,6 +48,8 @@ class RunConfig:
     # Handlers cancelled in the middle of a dispatch (world.World.do_cancel); off, a seed
     # takes the steps it took before the simulation had them.
     cancellations: bool = True
+    # A pause after every step, as a loaded machine makes.
+    pause_s: float = 0.0
 
     def replay(self, steps: int, stop_on: str | None = None) -> str:
         command = (
@@ -205,6 +208,8 @@ class Run:
             self.traced()
             if not self.handle(await world.checker.after_step(step, world.now), step, False):
                 return False
+            if self.config.pause_s:
+                await asyncio.sleep(self.config.pause_s)
         return True
 
     async def drain(self) -> None:
@@ -301,17 +306,18 @@ async def run(config: RunConfig, postgres_database: str | None = None) -> RunRes
     else:
         assert postgres_database is not None, "the postgres backend needs a database URL"
         # Durability is not under test: commits need not wait for the WAL flush.
-        store_url = await backends.create_schema_async(postgres_database)
+        store_url = driver.ahead_of_pg_catalog(
+            await backends.create_schema_async(postgres_database)
+        )
         store_url += "&synchronous_commit=off"
     authority = Authority(config.backend, store_url)
     authority.sim_time = T0
     replicas = {name: Replica(authority, name) for name in REPLICAS}
     tables_ = Tables(config.backend, store_url)
     try:
+        await authority.open()
         for replica in replicas.values():
             await replica.start()
-        await authority.open()
-        await authority.set_time(T0)
         await tables_.open()
         upstream = SimUpstream()
         checker = Checker(tables_, upstream, config.evidence)

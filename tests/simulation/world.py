@@ -6,9 +6,10 @@ Time. The simulated clock moves in ticks of TICK_S seconds from T0 and only at
 time. Every duration the store compares against (lease TTLs, upstream timeouts,
 settle_s, retain_s, the probe claim, and the fixed ones: the 2 s deadline margin
 and the prober's backoffs of 0.5, 1, 2, ... 30 s) lies at least 0.5 s away from
-any multiple of TICK_S, so no comparison is ever "equal" up to PostgreSQL's own
-clock flowing between two clock moves (see driver.MAX_PG_DRIFT_S). That is what
-makes a PostgreSQL run as deterministic as a SQLite one.
+any multiple of TICK_S, so no comparison is ever "equal" up to PostgreSQL's clock
+flowing between two clock moves (the simulated one, twenty times slower than the
+machine's: see driver.SIMULATED_CLOCK and MAX_PG_DRIFT_S). That is what makes a
+PostgreSQL run as deterministic as a SQLite one.
 
 Every choice comes from one `random.Random(seed)`, and everything that comes
 back unordered (sets, rows) is sorted first. Effects are named by the order they
