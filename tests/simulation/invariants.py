@@ -118,6 +118,10 @@ class Admission:
     created_at: float
     resends: tuple[str, ...]
     token: TokenView
+    # (id, state) of the resource's other unsettled effects right after the admission
+    # committed: what it was admitted among, before the rest of its step (a probe, the
+    # landing, the receipt) moved them on.
+    among: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -522,9 +526,7 @@ class Checker:
                     (name,),
                 )
             )
-        doubt = [
-            (i, s) for i, s in await self.tables.effect_states_of(a.resource) if i != a.effect_id
-        ]
+        doubt = [(i, s) for i, s in a.among if i != a.effect_id]
         dispatching = [i for i, s in doubt if s == tables.DISPATCHING]
         if len(dispatching) + 1 > a.route.max_in_flight:
             found.append(
@@ -538,9 +540,10 @@ class Checker:
             )
         blocking = sorted(i for i, s in doubt if tables.blocks_admission(s))
         if blocking:
+            states = dict(doubt)
             same_operation = all(
                 (self.by_id[i].key, self.by_id[i].fingerprint) == (a.key, a.fingerprint)
-                and self.by_id[i].state == tables.UNKNOWN
+                and states[i] == tables.UNKNOWN
                 for i in blocking
                 if i in self.by_id
             )

@@ -122,6 +122,16 @@ async def test_a_loaded_machine_keeps_postgres_in_step(pg_module_url: str) -> No
     assert slow.trace_digest == sqlite.trace_digest
 
 
+async def test_an_admission_is_judged_among_the_states_it_was_admitted_in() -> None:
+    """A resend admitted while the effect it resends is UNKNOWN is allowed (I5). In the
+    same step a probe may settle that effect and the resend's receipt contradict the
+    probe (hostile evidence), leaving it CONFLICTING by the time the step is checked;
+    that does not make the admission one made while the resource was blocked. Seed 26
+    (without cancellations) was reported so at step 1098, E116 resending E113."""
+    result = await run(RunConfig(26, 1098, "sqlite", HOSTILE, cancellations=False))
+    assert_ok(result)
+
+
 # Where each bug showed on the code before the fix: (seed, steps, evidence). Each run
 # stops at the first violation with that cause; it must pass. They run without the
 # `cancel` step, which came later: a seed's steps stay those that found its bug.

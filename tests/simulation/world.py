@@ -624,6 +624,7 @@ class World:
             result.created_at,
             result.resends,
             view,
+            tuple(await self.checker.tables.effect_states_of(resource)),
         )
         fate, mode, status = self.pick_fate()
         assert route.reconcile is not None
