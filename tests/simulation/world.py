@@ -57,8 +57,9 @@ TTLS = (17.5, 31.5, 52.5, 73.5)
 RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission and landing
 # How often a replica pauses between an admission and its send (the send deadline's case).
 HELD = 0.1
-# How often a cancelled handler's receipt waits for later steps (its replica stopped at
-# the `cancelled` failpoint, proxy/failpoints.py) rather than being written at once.
+# How often a cancelled handler's receipt waits until its replica, stopped at the
+# `cancelled` failpoint (proxy/failpoints.py), is continued, rather than being written
+# at once.
 CANCELLED_RECEIPT_LATER = 0.5
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long
 # How often a write that moves an effect (a probe's answer, a receipt, a sweep) commits
@@ -776,8 +777,8 @@ class World:
             self.land(d)
 
     def _cancellable(self) -> list[int]:
-        """Dispatches whose handler is still waiting: held before its send, or sent
-        (or refused) with no answer arrived yet, on a replica that runs."""
+        """Dispatches whose handler is still waiting, on a replica that runs: held
+        before its send, or sent with no answer arrived yet."""
         return [
             s
             for s in self.pending
@@ -790,19 +791,17 @@ class World:
     async def do_cancel(self) -> None:
         """`serve` stops, and once its grace is over cancels a handler in the middle of
         its dispatch (proxy/fenced.py): its receipt says the outcome is unknown, written
-        at once, or steps later when the replica stops at the `cancelled` failpoint
-        first (sweeps, probes, an operator and the other replica go on meanwhile). A
-        request that had left may still land; a held one never leaves."""
+        at once, or after the replica, stopped at the `cancelled` failpoint first, is
+        continued (`unstall`; the other replica, sweeps, probes and an operator go on
+        meanwhile). A request that had left may still land; a held one never leaves."""
         d = self.dispatches[self.rng.choice(self._cancellable())]
         d.cancelled = True
+        replica = self.replicas[d.replica]
         where = "before its send" if d.held else "waiting for the upstream"
-        if self.rng.random() < CANCELLED_RECEIPT_LATER:
-            d.record_not_before = max(d.record_not_before, self.tick + self.rng.randint(1, 3))
+        if len(self.running()) > 1 and self.rng.random() < CANCELLED_RECEIPT_LATER:
+            replica.stalled = True
             self.cancelled_receipts["receipt later"] += 1
-            self.note(
-                f"{d.name}: its handler is cancelled {where}; its proxy stops at the "
-                f"failpoint until t={d.record_not_before}"
-            )
+            self.note(f"{d.name}: its handler is cancelled {where}; {replica.name} stops")
             return
         self.cancelled_receipts["receipt at once"] += 1
         self.note(f"{d.name}: its handler is cancelled {where}")
