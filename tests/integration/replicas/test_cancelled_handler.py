@@ -37,13 +37,14 @@ from tests.integration.replicas.conftest import (
     resource_of,
 )
 
-UPSTREAM_TIMEOUT_S = 4.0
-# Longer than A's grace (1 s, tests/integration/replicas/conftest.py): the upstream is
-# still working on the order when A's handler is cancelled.
-UPSTREAM_DELAY_MS = 2500
+UPSTREAM_TIMEOUT_S = 5.0
+# Longer than A's grace (1 s, tests/integration/replicas/conftest.py), with seconds to
+# spare on a loaded machine: the upstream is still working on the order when A's
+# handler is cancelled.
+UPSTREAM_DELAY_MS = 3500
 # Worker-1's lease: long enough for the upstream timeout (else lease_too_short), short
 # enough to run out while A is stopped.
-LEASE_S = 5
+LEASE_S = 6
 # The sweep (deadline + margin), the settle window and the probe: seconds; generous.
 SETTLE_WAIT_S = 40.0
 
