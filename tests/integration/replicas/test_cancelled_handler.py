@@ -5,11 +5,12 @@ Replica A runs with FENCEPROXY_FAILPOINTS=cancelled:once. Worker-1's order goes
 through A to a slow upstream; A is told to stop (SIGTERM), and once its grace is over
 the handler still waiting for the upstream is cancelled: A stops itself (SIGSTOP)
 right there, before the receipt that would record the effect UNKNOWN. The effect is
-DISPATCHING in the store, the upstream commits the order meanwhile, and worker-1's
-lease runs out. Worker-2, with the next epoch, writes through replica B, on the same
-PostgreSQL store: every attempt is refused, and nothing reaches the upstream, until
-B's sweep finds the effect past its deadline and its probe settles it COMMITTED (the
-upstream's own record of the key). Then worker-2's order goes through, and A,
+DISPATCHING in the store, and the upstream commits the order meanwhile. Through
+replica B, on the same PostgreSQL store, worker-1's retry of its key and another of
+its writes are refused, and worker-2 is refused a lease (worker-1's, then, once that
+has run out, the effect in doubt): nothing more reaches the upstream until B's sweep
+finds the effect past its deadline and its probe settles it COMMITTED (the upstream's
+own record of the key). Then worker-2's lease and order go through, and A,
 continued, finishes its stop: whether its receipt comes late or not at all (the stop
 went on while A was stopped, and may close its store first), it changes nothing. The
 demo upstream, in its own process, is the judge of what landed.
