@@ -31,9 +31,12 @@ generator's own, the whole machine's), then counts the round trips per request
 that the proxy's connector sent to the database (bench/round_trips.py), and
 drops the database.
 
-With both targets, four more rounds at concurrency 16: plain and fenced with an
-upstream that takes 20 ms per request, a round of replays (one key per worker) and
-one of stale-token refusals (`--no-extra-rounds` skips them). `--preload N`: the
+With both targets, the latency round: one worker sends the same request, to an
+upstream that takes 20 ms, to the upstream directly, through the plain proxy and
+through fenceproxy in turn (--latency-duration seconds); the latency a proxy adds is
+its p50 less the direct p50. Then four more rounds at concurrency 16: plain and
+fenced with the 20 ms upstream, a round of replays (one key per worker) and one of
+stale-token refusals (`--no-extra-rounds` skips all five). `--preload N`: the
 first fenced round again on a SQLite store preloaded with N settled effects (not
 measured on PostgreSQL).
 
@@ -63,11 +66,14 @@ from pathlib import Path
 from bench.cpu import CpuSnapshot, pids_named
 from bench.postgres import DatabaseUnavailable, backend_pids, create_database, drop_database
 from bench.report import (
+    DIRECT_C1,
     FENCED_20MS,
+    FENCED_C1,
     FENCEPROXY_GROUP,
     PG_ALL_GROUP,
     PG_DB_GROUP,
     PLAIN_20MS,
+    PLAIN_C1,
     PRELOADED,
     REFUSALS,
     REPLAYS,
@@ -91,7 +97,17 @@ from bench.targets import (
     start_upstream,
     store_durability,
 )
-from bench.workload import FRESH, LEASE_TTL_S, REPLAY, STALE, BenchError, Measurement, measure
+from bench.workload import (
+    FRESH,
+    LEASE_TTL_S,
+    REPLAY,
+    STALE,
+    BenchError,
+    LatencyTarget,
+    Measurement,
+    measure,
+    measure_alternately,
+)
 from store import open_store
 from support.processes import ManagedProcess, ProcessFailed
 
@@ -114,6 +130,27 @@ EXTRA_ROUNDS = (
 )
 # Workers never renew, so a round must end well before their leases expire.
 LONGEST_ROUND_S = LEASE_TTL_S - 30
+
+
+async def measure_latency(args: argparse.Namespace, running: RunningTargets) -> list[Measurement]:
+    """The latency round: at concurrency 1, the 20 ms upstream asked directly, through the
+    plain proxy and through fenceproxy in turn, so that what each proxy adds is its p50
+    less the direct one's, taken under the same load (the upstream's timer and the load
+    generator's own time are in all three)."""
+    print(
+        f"measuring the added latency at concurrency 1 ({args.latency_duration:g} s) ...",
+        file=sys.stderr,
+    )
+    return await measure_alternately(
+        [
+            LatencyTarget(DIRECT_C1, running.upstream_url, fenced=False),
+            LatencyTarget(PLAIN_C1, running.base_urls[PLAIN], fenced=False),
+            LatencyTarget(FENCED_C1, running.base_urls[FENCED], fenced=True),
+        ],
+        args.warmup,
+        args.latency_duration,
+        UPSTREAM_DELAY,
+    )
 
 
 async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list[Measurement]:
@@ -145,6 +182,7 @@ async def measure_all(args: argparse.Namespace, running: RunningTargets) -> list
                     if not process.is_running():
                         raise process.failure(f"exited with status {process.returncode} mid-run")
     if args.extra_rounds and set(args.targets) == set(TARGETS):
+        measurements += await measure_latency(args, running)
         for target, fenced, kind, headers in EXTRA_ROUNDS:
             base_url = running.base_urls[FENCED if fenced else PLAIN]
             print(f"measuring {target} at concurrency {EXTRA_CONCURRENCY} ...", file=sys.stderr)
@@ -347,8 +385,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--extra-rounds",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the 20 ms-upstream, replay and stale-refusal rounds at concurrency 16 "
-        "(with both targets only)",
+        help="the latency round at concurrency 1, and the 20 ms-upstream, replay and "
+        "stale-refusal rounds at concurrency 16 (with both targets only)",
+    )
+    parser.add_argument(
+        "--latency-duration",
+        type=float,
+        default=20.0,
+        help="measured seconds of the latency round (concurrency 1, three targets in turn, "
+        "a third of the requests each)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)"
@@ -362,8 +407,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--preload must not be negative")
     if args.duration <= 0 or args.warmup < 0:
         parser.error("--duration must be positive and --warmup not negative")
-    if args.duration + args.warmup > LONGEST_ROUND_S:
-        parser.error(f"--duration plus --warmup must stay under {LONGEST_ROUND_S} s")
+    if args.latency_duration <= 0:
+        parser.error("--latency-duration must be positive")
+    if max(args.duration, args.latency_duration) + args.warmup > LONGEST_ROUND_S:
+        parser.error(
+            f"--duration (and --latency-duration) plus --warmup must stay under {LONGEST_ROUND_S} s"
+        )
     return args
 
 

@@ -60,6 +60,7 @@ def fenceproxy_config(
 
 @dataclass
 class RunningTargets:
+    upstream_url: str
     base_urls: dict[str, str]
     processes: list[ManagedProcess]
     fenceproxy_db: Path | None
@@ -149,7 +150,7 @@ def start_targets(
             f"sqlite:///{fenceproxy_db}?synchronous={synchronous}",
         )
         started.append(fenceproxy)
-    return RunningTargets(base_urls, started, fenceproxy_db)
+    return RunningTargets(upstream_url, base_urls, started, fenceproxy_db)
 
 
 def store_durability(running: RunningTargets, synchronous: str) -> str:

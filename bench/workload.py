@@ -119,23 +119,37 @@ async def run_worker(
     while loop.time() < measure_until:
         if fence_token is not None and kind != REPLAY:
             headers["Idempotency-Key"] = uuid.uuid4().hex
-        started = loop.time()
-        error: str | None
-        try:
-            async with session.post(url, data=REQUEST_BODY, headers=headers) as response:
-                if response.status in expected:
-                    await response.read()
-                    error = None
-                else:
-                    error = await describe_refusal(response)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            error = type(exc).__name__
-        finished = loop.time()
-        if measure_from <= finished <= measure_until:
-            if error is None:
-                tally.latencies_s.append(finished - started)
+        await send_one(session, url, headers, expected, measure_from, measure_until, tally)
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    expected: range,
+    measure_from: float,
+    measure_until: float,
+    tally: WorkerTally,
+) -> None:
+    """One request, its latency or its error tallied if it completed inside the window."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error: str | None
+    try:
+        async with session.post(url, data=REQUEST_BODY, headers=headers) as response:
+            if response.status in expected:
+                await response.read()
+                error = None
             else:
-                tally.errors[error] += 1
+                error = await describe_refusal(response)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = type(exc).__name__
+    finished = loop.time()
+    if measure_from <= finished <= measure_until:
+        if error is None:
+            tally.latencies_s.append(finished - started)
+        else:
+            tally.errors[error] += 1
 
 
 async def measure(
@@ -204,6 +218,17 @@ async def measure(
             if token is not None and kind != STALE:
                 await release_lease(session, worker_urls[worker], token)
 
+    return tallied(target, concurrency, duration_s, tallies, len(urls), cpu)
+
+
+def tallied(
+    target: str,
+    concurrency: int,
+    duration_s: float,
+    tallies: list[WorkerTally],
+    replicas: int = 1,
+    cpu: CpuUsage | None = None,
+) -> Measurement:
     latencies = sorted(latency for tally in tallies for latency in tally.latencies_s)
     error_kinds: Counter[str] = sum((tally.errors for tally in tallies), Counter())
     return Measurement(
@@ -216,6 +241,65 @@ async def measure(
         p99_ms=percentile_ms(latencies, 0.99),
         errors=sum(error_kinds.values()),
         error_kinds=dict(error_kinds),
-        replicas=len(urls),
+        replicas=replicas,
         cpu=cpu,
     )
+
+
+@dataclass(frozen=True)
+class LatencyTarget:
+    """One of the targets of `measure_alternately`: its name in the figures, its base URL,
+    and whether it fences (a lease first, a fresh Idempotency-Key with each request)."""
+
+    name: str
+    base_url: str
+    fenced: bool
+
+
+async def measure_alternately(
+    targets: list[LatencyTarget],
+    warmup_s: float,
+    duration_s: float,
+    extra_headers: dict[str, str] | None = None,
+) -> list[Measurement]:
+    """One worker (concurrency 1), one request to each target in turn, the order rotated
+    each turn: a latency compared between targets is then taken under the same machine
+    load, request by request, and none of them waits behind another of its own. The
+    same path (/sink/w0) on each, so an upstream measured directly is asked what the
+    proxies forward to it."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=REQUEST_TIMEOUT) as session:
+        headers: list[dict[str, str]] = []
+        for target in targets:
+            sent = {"Content-Type": "application/json", **(extra_headers or {})}
+            if target.fenced:
+                sent["Fence-Token"] = await acquire_lease(session, target.base_url, 0)
+            headers.append(sent)
+        loop = asyncio.get_running_loop()
+        measure_from = loop.time() + warmup_s
+        measure_until = measure_from + duration_s
+        tallies = [WorkerTally() for _ in targets]
+        expected = range(200, 300)
+        turn = 0
+        while loop.time() < measure_until:
+            for offset in range(len(targets)):
+                index = (turn + offset) % len(targets)
+                if targets[index].fenced:
+                    headers[index]["Idempotency-Key"] = uuid.uuid4().hex
+                await send_one(
+                    session,
+                    f"{targets[index].base_url}/sink/w0",
+                    headers[index],
+                    expected,
+                    measure_from,
+                    measure_until,
+                    tallies[index],
+                )
+            turn += 1
+        for target, sent in zip(targets, headers, strict=True):
+            if target.fenced:
+                await release_lease(session, target.base_url, sent["Fence-Token"])
+    return [
+        tallied(target.name, 1, duration_s, [tally])
+        for target, tally in zip(targets, tallies, strict=True)
+    ]
