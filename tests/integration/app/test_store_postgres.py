@@ -19,7 +19,10 @@ import pytest
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal
-from store import Admitted, NewEffect, Store, UnknownKey, open_store
+from policies.model import StorePool
+from store import Admitted, NewEffect, Store, StoreUnavailable, UnknownKey, open_store
+from store.history import Position
+from store.postgres import PostgresConnector, StoreConnection, store_connection_of
 from store.queries import load_migrations
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
@@ -447,3 +450,57 @@ async def test_a_session_that_hides_notices_still_tells_its_history(
             admitted=admitted.effect,
         )
         assert receipt.effect.state is EffectState.COMMITTED
+
+
+async def test_asyncpg_hands_every_notice_to_the_store_connection(
+    store_url: str, clock: FakeClock
+) -> None:
+    """The history position is kept by overriding a private method of asyncpg's
+    connection (store/postgres.py says why): this fails if asyncpg stops calling it.
+    Any other notice still reaches the connection's log listeners."""
+    async with running_store(store_url, clock):
+        pass  # the schema, with fenceproxy_history_position()
+    conn = await asyncpg.connect(store_url, connection_class=StoreConnection)
+    heard: list[str] = []
+    try:
+        conn.add_log_listener(lambda _conn, message: heard.append(message.message))
+        await conn.execute("SELECT fenceproxy_history_position()")
+        told = conn.take_told()
+        assert told is not None
+        judged, kept = told
+        assert judged.timeline == kept.timeline >= 1 and judged.lsn >= kept.lsn > 0
+        assert conn.take_told() is None
+        await conn.execute("DO $$ BEGIN RAISE NOTICE 'another notice'; END $$")
+        assert conn.take_told() is None
+        for _ in range(100):  # a log listener is called soon, not at once
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert heard == ["another notice"]
+    finally:
+        await conn.close()
+
+
+async def test_a_position_heard_before_a_begin_never_stands_in_for_its_own(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A position the connection heard before a transaction (here: planted, as an
+    earlier message could leave one) is cleared when the BEGIN is sent: a BEGIN that
+    tells nothing is refused, not judged on what an earlier message told."""
+    store = open_store(store_url, clock, "instance-1", StorePool(1, 1))
+    await store.open()
+    try:
+        await leased(store, "told")
+        connector = store.connector
+        assert isinstance(connector, PostgresConnector) and connector._pool is not None
+        async with connector._pool.acquire() as conn:
+            await conn.execute(
+                "CREATE OR REPLACE FUNCTION fenceproxy_history_position() RETURNS void"
+                " LANGUAGE sql AS 'SELECT'"
+            )
+            stale = Position(1, 1 << 40, 1 << 40)
+            store_connection_of(conn).told = (stale, stale)
+        with pytest.raises(StoreUnavailable, match="did not tell its WAL position"):
+            await leased(store, "told-again")
+    finally:
+        await store.close()
