@@ -256,8 +256,9 @@ class StoreConnection(CountingConnection):
 
 
 def store_connection_of(conn: asyncpg.pool.PoolConnectionProxy) -> StoreConnection:
-    """The connection a pool's proxy stands for: a proxy passes every attribute it does
-    not have to its connection, which the pool opened as a `StoreConnection`."""
+    """The connection a pool's proxy stands for, to read and call: a proxy passes every
+    attribute it does not have to its connection, which the pool opened as a
+    `StoreConnection` (setting one on the proxy fails)."""
     return cast(StoreConnection, conn)
 
 

@@ -21,7 +21,7 @@ from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal
 from policies.model import StorePool
 from store import Admitted, NewEffect, Store, StoreUnavailable, UnknownKey, open_store
-from store.history import Position
+from store.history import NOTICE
 from store.postgres import PostgresConnector, StoreConnection, store_connection_of
 from store.queries import load_migrations
 from tests.integration.app import backends
@@ -484,9 +484,9 @@ async def test_asyncpg_hands_every_notice_to_the_store_connection(
 async def test_a_position_heard_before_a_begin_never_stands_in_for_its_own(
     store_url: str, clock: FakeClock
 ) -> None:
-    """A position the connection heard before a transaction (here: planted, as an
-    earlier message could leave one) is cleared when the BEGIN is sent: a BEGIN that
-    tells nothing is refused, not judged on what an earlier message told."""
+    """A position the connection heard before a transaction (here: a notice raised
+    outside one, far ahead of any real position) is cleared when the BEGIN is sent: a
+    BEGIN that tells nothing is refused, not judged on what an earlier message told."""
     store = open_store(store_url, clock, "instance-1", StorePool(1, 1))
     await store.open()
     try:
@@ -494,12 +494,16 @@ async def test_a_position_heard_before_a_begin_never_stands_in_for_its_own(
         connector = store.connector
         assert isinstance(connector, PostgresConnector) and connector._pool is not None
         async with connector._pool.acquire() as conn:
+            walfile = await conn.fetchval("SELECT pg_walfile_name(pg_current_wal_flush_lsn())")
+            await conn.execute(
+                "DO $$ BEGIN RAISE NOTICE '%', "
+                f"'{NOTICE}{walfile} FF/FFFFFFF0 FF/FFFFFFF0 4000000000 0'; END $$"
+            )
+            assert store_connection_of(conn).told is not None
             await conn.execute(
                 "CREATE OR REPLACE FUNCTION fenceproxy_history_position() RETURNS void"
                 " LANGUAGE sql AS 'SELECT'"
             )
-            stale = Position(1, 1 << 40, 1 << 40)
-            store_connection_of(conn).told = (stale, stale)
         with pytest.raises(StoreUnavailable, match="did not tell its WAL position"):
             await leased(store, "told-again")
     finally:
