@@ -24,6 +24,7 @@ from store import Admitted, NewEffect, Store, StoreUnavailable, UnknownKey, open
 from store.history import NOTICE
 from store.postgres import PostgresConnector, StoreConnection, store_connection_of
 from store.queries import load_migrations
+from store.types import DEFAULT_RETAIN_S
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock
@@ -508,3 +509,93 @@ async def test_a_position_heard_before_a_begin_never_stands_in_for_its_own(
             await leased(store, "told-again")
     finally:
         await store.close()
+
+
+# A key row before the commit: none, or held by the receipt's own effect or another one,
+# with or without a response kept. The commit: a response or none, settled by nobody or
+# by someone, on an effect with or without its own retain_s.
+PRIOR_KEYS = (None, ("e-own", None), ("e-own", 201), ("e-other", None), ("e-other", 202))
+COMMITS = ((200, None), (None, "operator"))
+RETAINS = (None, 60.0)
+KEY_ROW = (
+    "SELECT fingerprint, effect_id, epoch, expires_at, response_status, response_headers,"
+    " response_body, settled_by FROM idempotency WHERE resource = 'r' AND key = 'k'"
+)
+
+
+async def _effect_and_key(
+    conn: asyncpg.Connection, retain_s: float | None, prior: tuple[str, int | None] | None
+) -> None:
+    for effect_id in ("e-own", "e-other"):
+        await conn.execute(
+            "INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key,"
+            " fingerprint, method, path, state, instance_id, created_at, deadline, retain_s)"
+            " VALUES ($1, 'route', 'r', 'w', 3, 'k', 'fp-' || $1, 'POST', '/', 'DISPATCHING',"
+            " 'i', 1.0, 2.0, $2)",
+            effect_id,
+            retain_s,
+        )
+    if prior is not None:
+        holder, status = prior
+        await conn.execute(
+            "INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,"
+            " response_status, response_headers, response_body, settled_by)"
+            " VALUES ('r', 'k', 'fp-old', $1, 2, NULL, $2::int,"
+            " CASE WHEN $2::int IS NOT NULL THEN 'old headers' END,"
+            " CASE WHEN $2::int IS NOT NULL THEN 'old body'::bytea END, 'sweep')",
+            holder,
+            status,
+        )
+
+
+async def test_the_receipts_key_commit_is_the_key_commit_functions(
+    store_url: str, clock: FakeClock
+) -> None:
+    """fenceproxy_receipt writes the key commit's upsert itself (migration 0022: a call
+    fewer per write) instead of calling fenceproxy_commit_key, which the step-by-step
+    receipt calls. From the same rows, every branch of the upsert (no key row; the
+    effect's own, with and without a kept response; another effect's), with a response
+    or none, leaves the same key row either way, its expiry as store/steps.py computes
+    it for the step-by-step path."""
+    async with running_store(store_url, clock):
+        pass  # the schema
+    conn = await asyncpg.connect(store_url)
+    try:
+        store_id = await conn.fetchval("SELECT store_id FROM store_identity")
+        for prior in PRIOR_KEYS:
+            for status, settled_by in COMMITS:
+                for retain_s in RETAINS:
+                    response = (status, "new headers", b"new body") if status else (None,) * 3
+                    written = []
+                    for path in ("receipt", "commit_key"):
+                        transaction = conn.transaction()
+                        await transaction.start()
+                        await _effect_and_key(conn, retain_s, prior)
+                        if path == "receipt":
+                            row = await conn.fetchrow(
+                                "SELECT * FROM fenceproxy_receipt($1, 'e-own', 'r',"
+                                " 'DISPATCHING', 'COMMITTED', 200, 'answered', false, 'commit',"
+                                " 'k', 'fp-new', 3, $2, $3, $4, $5, $6, 'dispatch', 'test', NULL)",
+                                store_id,
+                                DEFAULT_RETAIN_S,
+                                *response,
+                                settled_by,
+                            )
+                            assert row is not None and row["applied"], row
+                            expires_at = row["now"] + (
+                                retain_s if retain_s is not None else DEFAULT_RETAIN_S
+                            )
+                        else:
+                            await conn.execute(
+                                "SELECT fenceproxy_commit_key('r', 'k', 'fp-new', 'e-own', 3,"
+                                " $1, $2, $3, $4, $5)",
+                                expires_at,
+                                *response,
+                                settled_by,
+                            )
+                        written.append(await conn.fetchrow(KEY_ROW))
+                        await transaction.rollback()
+                    case = (prior, status, settled_by, retain_s)
+                    assert written[0] is not None and written[0] == written[1], case
+    finally:
+        await conn.close()
