@@ -234,8 +234,9 @@ class StoreConnection(CountingConnection):
     and removed around every transaction, built a message object and scheduled a
     callback per notice, and cost the store's Python a few percent of a fenced write
     (bench/README.md). tests/integration/app/test_store_postgres.py pins that asyncpg
-    still calls it: if it stopped, every checked transaction would be refused for
-    telling nothing, never judged on a stale position (`clear_told` at each BEGIN)."""
+    still calls it. If it stopped, every checked transaction would be refused for
+    telling nothing (the position is cleared at each BEGIN), never judged on a stale
+    one."""
 
     told: tuple[history.Position, history.Position] | None = None
 
@@ -411,8 +412,8 @@ class PostgresConnector:
         # What was seen before the BEGIN was sent is what its answer is judged against.
         before = self.history.seen
         heard = store_connection_of(conn)
-        # Whatever this connection heard before (another transaction's COMMIT) must not
-        # stand in for what this BEGIN tells.
+        # Whatever this connection heard before (a notice outside a transaction, or a
+        # COMMIT's whose answer was an error) must not stand in for what this BEGIN tells.
         heard.clear_told()
         try:
             await conn.execute(
