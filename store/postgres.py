@@ -31,7 +31,7 @@ import contextlib
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -224,22 +224,43 @@ async def _close_probe(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
-class _Heard:
-    """The last history position a connection's server told (a notice of
-    `fenceproxy_history_position()`), for the one transaction that holds it."""
+class StoreConnection(CountingConnection):
+    """A store connection that keeps the last history position its server told (a
+    notice of `fenceproxy_history_position()`, in every checked BEGIN and COMMIT
+    message), as the notice arrives.
 
-    def __init__(self) -> None:
-        self.position: tuple[history.Position, history.Position] | None = None
+    asyncpg hands every notice to `Connection._process_log_message`, a private method:
+    overriding it is what keeps the check cheap. The public way, a log listener added
+    and removed around every transaction, built a message object and scheduled a
+    callback per notice, and cost the store's Python a few percent of a fenced write
+    (bench/README.md). tests/integration/app/test_store_postgres.py pins that asyncpg
+    still calls it. If it stopped, every checked transaction would be refused for
+    telling nothing (the position is cleared at each BEGIN), never judged on a stale
+    one."""
 
-    def __call__(self, _conn: object, message: Any) -> None:
-        told = history.parse_notice(str(message.message))
-        if told is not None:
-            self.position = told
+    told: tuple[history.Position, history.Position] | None = None
 
-    def take(self) -> tuple[history.Position, history.Position] | None:
+    def _process_log_message(self, fields: dict[str, str], last_query: str) -> None:
+        told = history.parse_notice(fields.get("M", ""))
+        if told is None:
+            super()._process_log_message(fields, last_query)  # type: ignore[misc]
+            return
+        self.told = told
+
+    def clear_told(self) -> None:
+        self.told = None
+
+    def take_told(self) -> tuple[history.Position, history.Position] | None:
         """(to judge, to keep), or None if nothing was told since the last take."""
-        told, self.position = self.position, None
+        told, self.told = self.told, None
         return told
+
+
+def store_connection_of(conn: asyncpg.pool.PoolConnectionProxy) -> StoreConnection:
+    """The connection a pool's proxy stands for, to read and call: a proxy passes every
+    attribute it does not have to its connection, which the pool opened as a
+    `StoreConnection` (setting one on the proxy fails)."""
+    return cast(StoreConnection, conn)
 
 
 def _gone(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
@@ -309,7 +330,7 @@ class PostgresConnector:
                 statement_cache_size=100 if self.pool.statement_cache else 0,
                 command_timeout=self.pool.command_timeout_s,
                 timeout=self.pool.command_timeout_s,
-                connection_class=CountingConnection,
+                connection_class=StoreConnection,
                 init=self._connected,
                 reset=_keep_session,
             )
@@ -343,7 +364,7 @@ class PostgresConnector:
             raise _cannot_open(exc) from exc
 
     async def _connected(self, conn: asyncpg.Connection) -> None:
-        assert isinstance(conn, CountingConnection)
+        assert isinstance(conn, StoreConnection)
         conn.round_trips = self.round_trips
         if self._ready:
             # A new connection may reach another server than the last one did: a
@@ -381,9 +402,7 @@ class PostgresConnector:
 
         return transaction
 
-    async def _begin(
-        self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard, readonly: bool
-    ) -> None:
+    async def _begin(self, conn: asyncpg.pool.PoolConnectionProxy, readonly: bool) -> None:
         """BEGIN, with the history check in the same message: a server in recovery, on
         another timeline than the last one seen, or whose WAL went back, serves nothing
         of this transaction. A loss is recovered at once (`_Lost`: run it again)."""
@@ -392,6 +411,10 @@ class PostgresConnector:
             return
         # What was seen before the BEGIN was sent is what its answer is judged against.
         before = self.history.seen
+        heard = store_connection_of(conn)
+        # Whatever this connection heard before (a notice outside a transaction, or a
+        # COMMIT's whose answer was an error) must not stand in for what this BEGIN tells.
+        heard.clear_told()
         try:
             await conn.execute(
                 self._queries["begin_checked_read_only" if readonly else "begin_checked"][0]
@@ -407,7 +430,7 @@ class PostgresConnector:
         except BaseException:
             await self._rollback(conn)
             raise
-        told = heard.take()
+        told = heard.take_told()
         if told is None:
             await self._rollback(conn)
             raise StoreUnavailable("the store's server did not tell its WAL position")
@@ -418,12 +441,12 @@ class PostgresConnector:
         await self.history.recover(self._transaction_on(conn), loss)
         raise _Lost(loss.reason)
 
-    async def _commit(self, conn: asyncpg.pool.PoolConnectionProxy, heard: _Heard) -> None:
+    async def _commit(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
         if not self.history.checked:
             await conn.execute("COMMIT")
             return
         await conn.execute(self._queries["commit_checked"][0])
-        self.history.committed(heard.take())
+        self.history.committed(store_connection_of(conn).take_told())
 
     @staticmethod
     async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
@@ -453,43 +476,31 @@ class PostgresConnector:
         readonly: bool,
         own_clock: bool,
     ) -> T:
-        heard = _Heard()
-        # Only while this transaction holds the connection (asyncpg warns of a listener
-        # left on a connection released to the pool).
-        conn.add_log_listener(heard)
+        await self._begin(conn, readonly)
         try:
-            await self._begin(conn, heard, readonly)
-            try:
-                if own_clock:
-                    result = await operation(
-                        PostgresTx(conn, self._queries, math.nan, self._identify)
-                    )
-                else:
-                    tx = PostgresTx(conn, self._queries, math.nan, self._identify)
-                    clock = await tx.one("clock")
-                    assert clock is not None
-                    tx.now = float(clock["now"])
-                    result = await operation(tx)
-            except BaseException:
-                await self._rollback(conn)
-                raise
-            try:
-                await self._commit(conn, heard)
-            except sqlstate.FAILURES as exc:
-                # The COMMIT was sent: a failure that is not the server's answer leaves
-                # the transaction's fate unknown.
-                if not readonly and sqlstate.unavailable(exc):
-                    raise CommitUnknown(
-                        "PostgreSQL's answer to the COMMIT was lost "
-                        f"({sqlstate.describe(exc)}): it may have committed"
-                    ) from exc
-                raise
-            return result
-        finally:
-            # Even from a closed connection: the pool warns of a listener left on one
-            # handed back. A proxy already handed back (the connection broke) refuses.
-            with contextlib.suppress(asyncpg.InterfaceError):
-                conn.remove_log_listener(heard)
+            if own_clock:
+                result = await operation(PostgresTx(conn, self._queries, math.nan, self._identify))
+            else:
+                tx = PostgresTx(conn, self._queries, math.nan, self._identify)
+                clock = await tx.one("clock")
+                assert clock is not None
+                tx.now = float(clock["now"])
+                result = await operation(tx)
+        except BaseException:
+            await self._rollback(conn)
+            raise
+        try:
+            await self._commit(conn)
+        except sqlstate.FAILURES as exc:
+            # The COMMIT was sent: a failure that is not the server's answer leaves
+            # the transaction's fate unknown.
+            if not readonly and sqlstate.unavailable(exc):
+                raise CommitUnknown(
+                    "PostgreSQL's answer to the COMMIT was lost "
+                    f"({sqlstate.describe(exc)}): it may have committed"
+                ) from exc
+            raise
+        return result
 
     def _lose(self, what: str) -> str:
         self.lost = (

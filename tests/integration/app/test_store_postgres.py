@@ -19,8 +19,12 @@ import pytest
 from core.fencing import Replay
 from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, Refusal
-from store import Admitted, NewEffect, Store, UnknownKey, open_store
+from policies.model import StorePool
+from store import Admitted, NewEffect, Store, StoreUnavailable, UnknownKey, open_store
+from store.history import NOTICE
+from store.postgres import PostgresConnector, StoreConnection, store_connection_of
 from store.queries import load_migrations
+from store.types import DEFAULT_RETAIN_S
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock
@@ -447,3 +451,151 @@ async def test_a_session_that_hides_notices_still_tells_its_history(
             admitted=admitted.effect,
         )
         assert receipt.effect.state is EffectState.COMMITTED
+
+
+async def test_asyncpg_hands_every_notice_to_the_store_connection(
+    store_url: str, clock: FakeClock
+) -> None:
+    """The history position is kept by overriding a private method of asyncpg's
+    connection (store/postgres.py says why): this fails if asyncpg stops calling it.
+    Any other notice still reaches the connection's log listeners."""
+    async with running_store(store_url, clock):
+        pass  # the schema, with fenceproxy_history_position()
+    conn = await asyncpg.connect(store_url, connection_class=StoreConnection)
+    heard: list[str] = []
+    try:
+        conn.add_log_listener(lambda _conn, message: heard.append(message.message))
+        await conn.execute("SELECT fenceproxy_history_position()")
+        told = conn.take_told()
+        assert told is not None
+        judged, kept = told
+        assert judged.timeline == kept.timeline >= 1 and judged.lsn >= kept.lsn > 0
+        assert conn.take_told() is None
+        await conn.execute("DO $$ BEGIN RAISE NOTICE 'another notice'; END $$")
+        assert conn.take_told() is None
+        for _ in range(100):  # a log listener is called soon, not at once
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert heard == ["another notice"]
+    finally:
+        await conn.close()
+
+
+async def test_a_position_heard_before_a_begin_never_stands_in_for_its_own(
+    store_url: str, clock: FakeClock
+) -> None:
+    """A position the connection heard before a transaction (here: a notice raised
+    outside one, far ahead of any real position) is cleared when the BEGIN is sent: a
+    BEGIN that tells nothing is refused, not judged on what an earlier message told."""
+    store = open_store(store_url, clock, "instance-1", StorePool(1, 1))
+    await store.open()
+    try:
+        await leased(store, "told")
+        connector = store.connector
+        assert isinstance(connector, PostgresConnector) and connector._pool is not None
+        async with connector._pool.acquire() as conn:
+            walfile = await conn.fetchval("SELECT pg_walfile_name(pg_current_wal_flush_lsn())")
+            await conn.execute(
+                "DO $$ BEGIN RAISE NOTICE '%', "
+                f"'{NOTICE}{walfile} FF/FFFFFFF0 FF/FFFFFFF0 4000000000 0'; END $$"
+            )
+            assert store_connection_of(conn).told is not None
+            await conn.execute(
+                "CREATE OR REPLACE FUNCTION fenceproxy_history_position() RETURNS void"
+                " LANGUAGE sql AS 'SELECT'"
+            )
+        with pytest.raises(StoreUnavailable, match="did not tell its WAL position"):
+            await leased(store, "told-again")
+    finally:
+        await store.close()
+
+
+# A key row before the commit: none, or held by the receipt's own effect or another one,
+# with or without a response kept. The commit: a response or none, settled by nobody or
+# by someone, on an effect with or without its own retain_s.
+PRIOR_KEYS = (None, ("e-own", None), ("e-own", 201), ("e-other", None), ("e-other", 202))
+COMMITS = ((200, None), (None, "operator"))
+RETAINS = (None, 60.0)
+KEY_ROW = (
+    "SELECT fingerprint, effect_id, epoch, expires_at, response_status, response_headers,"
+    " response_body, settled_by FROM idempotency WHERE resource = 'r' AND key = 'k'"
+)
+
+
+async def _effect_and_key(
+    conn: asyncpg.Connection, retain_s: float | None, prior: tuple[str, int | None] | None
+) -> None:
+    for effect_id in ("e-own", "e-other"):
+        await conn.execute(
+            "INSERT INTO effects (id, route, resource, holder, epoch, idempotency_key,"
+            " fingerprint, method, path, state, instance_id, created_at, deadline, retain_s)"
+            " VALUES ($1, 'route', 'r', 'w', 3, 'k', 'fp-' || $1, 'POST', '/', 'DISPATCHING',"
+            " 'i', 1.0, 2.0, $2)",
+            effect_id,
+            retain_s,
+        )
+    if prior is not None:
+        holder, status = prior
+        await conn.execute(
+            "INSERT INTO idempotency (resource, key, fingerprint, effect_id, epoch, expires_at,"
+            " response_status, response_headers, response_body, settled_by)"
+            " VALUES ('r', 'k', 'fp-old', $1, 2, NULL, $2::int,"
+            " CASE WHEN $2::int IS NOT NULL THEN 'old headers' END,"
+            " CASE WHEN $2::int IS NOT NULL THEN 'old body'::bytea END, 'sweep')",
+            holder,
+            status,
+        )
+
+
+async def test_the_receipts_key_commit_is_the_key_commit_functions(
+    store_url: str, clock: FakeClock
+) -> None:
+    """fenceproxy_receipt writes the key commit's upsert itself (migration 0022: a call
+    fewer per write) instead of calling fenceproxy_commit_key, which the step-by-step
+    receipt calls. From the same rows, every branch of the upsert (no key row; the
+    effect's own, with and without a kept response; another effect's), with a response
+    or none, leaves the same key row either way, its expiry as store/steps.py computes
+    it for the step-by-step path."""
+    async with running_store(store_url, clock):
+        pass  # the schema
+    conn = await asyncpg.connect(store_url)
+    try:
+        store_id = await conn.fetchval("SELECT store_id FROM store_identity")
+        for prior in PRIOR_KEYS:
+            for status, settled_by in COMMITS:
+                for retain_s in RETAINS:
+                    response = (status, "new headers", b"new body") if status else (None,) * 3
+                    written = []
+                    for path in ("receipt", "commit_key"):
+                        transaction = conn.transaction()
+                        await transaction.start()
+                        await _effect_and_key(conn, retain_s, prior)
+                        if path == "receipt":
+                            row = await conn.fetchrow(
+                                "SELECT * FROM fenceproxy_receipt($1, 'e-own', 'r',"
+                                " 'DISPATCHING', 'COMMITTED', 200, 'answered', false, 'commit',"
+                                " 'k', 'fp-new', 3, $2, $3, $4, $5, $6, 'dispatch', 'test', NULL)",
+                                store_id,
+                                DEFAULT_RETAIN_S,
+                                *response,
+                                settled_by,
+                            )
+                            assert row is not None and row["applied"], row
+                            expires_at = row["now"] + (
+                                retain_s if retain_s is not None else DEFAULT_RETAIN_S
+                            )
+                        else:
+                            await conn.execute(
+                                "SELECT fenceproxy_commit_key('r', 'k', 'fp-new', 'e-own', 3,"
+                                " $1, $2, $3, $4, $5)",
+                                expires_at,
+                                *response,
+                                settled_by,
+                            )
+                        written.append(await conn.fetchrow(KEY_ROW))
+                        await transaction.rollback()
+                    case = (prior, status, settled_by, retain_s)
+                    assert written[0] is not None and written[0] == written[1], case
+    finally:
+        await conn.close()
