@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devtools.mutants import Mutant, generate_mutants
-from devtools.mutate import ROOT, Result, main, report, run_mutants
+from devtools.mutate import DEFAULT_MODULES, ROOT, Result, main, report, run_mutants
 
 
 def descriptions(source: str) -> list[str]:
@@ -210,3 +210,9 @@ def test_a_test_that_asks_git_for_the_tracked_files_passes_in_the_copies(tmp_pat
 
     assert len(results) == 8
     assert messages[1] == "8 mutants, 1 at a time"
+
+
+def test_a_plain_run_covers_every_module_of_core() -> None:
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "core").glob("*.py")}
+    assert modules - {"core/__init__.py"} <= set(DEFAULT_MODULES)
+    assert "policies/templates.py" in DEFAULT_MODULES
