@@ -81,6 +81,42 @@ def test_the_default_grid_is_a_round_step_up_to_the_longest_turn() -> None:
     assert default_grid([]) == ()
 
 
+@pytest.mark.parametrize(
+    ("longest", "step", "last"),
+    [
+        (12.0, 1.0, 12.0),  # a step of 1 gives the 12 points exactly
+        (24.0, 2.0, 24.0),  # a turn on a point ends the grid there
+        (25.0, 2.5, 25.0),  # 25/12 is over 2: the next round step
+        (48.0, 5.0, 50.0),
+        (84.0, 10.0, 90.0),  # 84/12 is over 5: the next power of ten
+        (0.288, 0.025, 0.3),  # the round steps of 10^-2
+        (0.4, 0.05, 0.4),
+    ],
+)
+def test_the_default_grid_steps_by_the_smallest_round_step_of_about_twelve_points(
+    longest: float, step: float, last: float
+) -> None:
+    grid = default_grid([longest / 2, longest])
+    assert grid[0] == step
+    assert grid[-1] == last
+    assert len(grid) == round(last / step)
+
+
+def test_turns_that_all_took_no_time_give_no_grid_and_a_zero_first_turn_is_no_matter() -> None:
+    assert default_grid([0.0, 0.0]) == ()
+    assert default_grid([0.0, 5.0])[-1] == 5.0
+
+
+def test_nearest_rank_divides_by_a_hundred_exactly() -> None:
+    # ceil(99 * 200 / 100) = 198: a rank just past a whole number is not rounded down.
+    assert nearest_rank([float(i) for i in range(1, 201)], 99) == 198.0
+
+
+def test_without_measured_turns_the_suggestion_is_the_floor_from_the_routes() -> None:
+    assert suggested_ttl(None, 2.0, 0.5) == 0.5
+    assert ttl_floor(None, [0.5]) == 1.0  # twice a timeout under a second, too
+
+
 def test_the_whole_group_answer_for_the_worked_example() -> None:
     lives = [_released(f"rule:r{i}", turn) for i, turn in enumerate(WORKED)]
     request = AdviceRequest(resource=None, since_s=None, poll_interval_s=0.05)
