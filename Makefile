@@ -67,7 +67,8 @@ refusal-flood: $(STAMP)
 	FENCEPROXY_REFUSAL_FLOOD=100000 $(VENV)/bin/pytest tests/integration/app/test_bounded_refusals.py \
 		-k flood_of_every -s -q --timeout=3600
 
-# Mutation testing of the pure rule modules against tests/unit: several minutes, so
+# Mutation testing of every module of core/ and of the route templates against
+# tests/unit: an hour or more (docs/contributing/index.md, "How long a run takes"), so
 # not part of `make test`. Narrow it with e.g. `make mutate MUTATE_ARGS=core/probing.py`.
 mutate: $(STAMP)
 	$(PY) -m devtools.mutate $(MUTATE_ARGS)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from devtools.mutants import Mutant, generate_mutants
-from devtools.mutate import ROOT, Result, main, report, run_mutants
+from devtools.mutate import DEFAULT_MODULES, ROOT, Result, main, report, run_mutants
 
 
 def descriptions(source: str) -> list[str]:
@@ -174,3 +175,44 @@ def test_a_run_judges_each_mutant_and_never_touches_the_project(tmp_path: Path) 
     assert messages[0].startswith("calc.py: ")
     assert messages[0].endswith("s unmutated in test_calc.py")
     assert messages[1] == "8 mutants, 2 at a time"
+
+
+# A test that reads the project's own file list from git, as tests/unit/test_references.py
+# does, at the root of whatever copy of the project it runs in.
+TRACKED_TESTS = """\
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_checkout_lists_its_files() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "calc.py" in listed
+    assert "scratch.py" not in listed
+"""
+
+
+def test_a_test_that_asks_git_for_the_tracked_files_passes_in_the_copies(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "calc.py").write_text(MODULE, encoding="utf-8")
+    (project / "tests" / "test_calc.py").write_text(TESTS, encoding="utf-8")
+    (project / "tests" / "test_tracked.py").write_text(TRACKED_TESTS, encoding="utf-8")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "add", "calc.py", "tests"], cwd=project, check=True)
+    (project / "scratch.py").write_text("", encoding="utf-8")  # there, but not tracked
+    messages: list[str] = []
+
+    results = run_mutants(project, ["calc.py"], ["tests"], 1, 15.0, messages.append)
+
+    assert len(results) == 8
+    assert messages[1] == "8 mutants, 1 at a time"
+
+
+def test_a_plain_run_covers_every_module_of_core() -> None:
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "core").glob("*.py")}
+    assert modules - {"core/__init__.py"} <= set(DEFAULT_MODULES)
+    assert "policies/templates.py" in DEFAULT_MODULES

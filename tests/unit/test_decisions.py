@@ -464,6 +464,38 @@ def test_reused_key_while_its_first_request_is_dispatching_is_request_in_progres
     assert refusal.context["effect_id"] == "eff-1"
 
 
+def forwarding(current: LeaseRecord, key: str, fingerprint: str) -> ResourceState:
+    """`current`'s resource with an effect under `key` being forwarded."""
+    effect = OpenEffect("eff-d", EffectState.DISPATCHING, current.epoch, key, fingerprint)
+    return ResourceState(RESOURCE, current.epoch, current, (effect,))
+
+
+def test_a_key_being_forwarded_is_in_progress_whatever_its_record_says() -> None:
+    # The key's record may be gone (freed by contradicting evidence, or past its
+    # retention) while its effect is still on its way: the open effect decides.
+    current = lease()
+    busy = forwarding(current, "order-1", "fp-1")
+    refusal = refused(admit(current, busy, None, request(max_in_flight=5)), "request_in_progress")
+    assert refusal.context["effect_id"] == "eff-d"
+    other_key = forwarding(current, "order-2", "fp-1")
+    assert admit(current, other_key, None, request(max_in_flight=5)) == Admit()
+
+
+def test_a_key_being_forwarded_for_another_request_is_idempotency_key_reused() -> None:
+    current = lease()
+    busy = forwarding(current, "order-1", "fp-other")
+    refusal = refused(
+        admit(current, busy, None, request(max_in_flight=5)), "idempotency_key_reused"
+    )
+    assert refusal.context["effect_id"] == "eff-d"
+
+
+def test_the_key_of_an_effect_in_doubt_is_kept_past_its_expiry() -> None:
+    current = lease()
+    in_doubt = stored(EffectState.UNKNOWN, fingerprint="fp-other", expires_at=NOW - 1)
+    refused(admit(current, state(current), in_doubt), "idempotency_key_reused")
+
+
 def test_reused_key_of_a_committed_request_is_replayed() -> None:
     current = lease()
     existing = stored(EffectState.COMMITTED)
@@ -509,10 +541,12 @@ def test_below_max_in_flight_is_admitted() -> None:
 
 
 def test_lease_ending_before_the_upstream_timeout_is_lease_too_short() -> None:
-    current = lease(expires_at=NOW + TIMEOUT - 0.001)
+    current = lease(expires_at=NOW + TIMEOUT - 0.0012)
     refusal = refused(admit(current, state(current)), "lease_too_short")
     assert refusal.context["expires_at"] == current.expires_at
     assert refusal.context["epoch"] == 3
+    # To the millisecond: what a client reads to size its lease.
+    assert refusal.context["remaining_s"] == 4.999
 
 
 def test_lease_ending_exactly_at_the_upstream_timeout_is_admitted() -> None:

@@ -3,6 +3,8 @@ pinned by the worked example and its edge cases."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from core.lease_turns import (
@@ -17,6 +19,7 @@ from core.lease_turns import (
 )
 from core.leasing_advice import (
     AdviceRequest,
+    GroupAdvice,
     LeaseLife,
     RouteSpec,
     advise,
@@ -79,6 +82,42 @@ def test_the_default_grid_is_a_round_step_up_to_the_longest_turn() -> None:
     assert grid[-1] == 2.75
     assert len(grid) == 11
     assert default_grid([]) == ()
+
+
+@pytest.mark.parametrize(
+    ("longest", "step", "last"),
+    [
+        (12.0, 1.0, 12.0),  # a step of 1 gives the 12 points exactly
+        (24.0, 2.0, 24.0),  # a turn on a point ends the grid there
+        (25.0, 2.5, 25.0),  # 25/12 is over 2: the next round step
+        (48.0, 5.0, 50.0),
+        (84.0, 10.0, 90.0),  # 84/12 is over 5: the next power of ten
+        (0.288, 0.025, 0.3),  # the round steps of 10^-2
+        (0.4, 0.05, 0.4),
+    ],
+)
+def test_the_default_grid_steps_by_the_smallest_round_step_of_about_twelve_points(
+    longest: float, step: float, last: float
+) -> None:
+    grid = default_grid([longest / 2, longest])
+    assert grid[0] == step
+    assert grid[-1] == last
+    assert len(grid) == round(last / step)
+
+
+def test_turns_that_all_took_no_time_give_no_grid_and_a_zero_first_turn_is_no_matter() -> None:
+    assert default_grid([0.0, 0.0]) == ()
+    assert default_grid([0.0, 5.0])[-1] == 5.0
+
+
+def test_nearest_rank_divides_by_a_hundred_exactly() -> None:
+    # ceil(99 * 200 / 100) = 198: a rank just past a whole number is not rounded down.
+    assert nearest_rank([float(i) for i in range(1, 201)], 99) == 198.0
+
+
+def test_without_measured_turns_the_suggestion_is_the_floor_from_the_routes() -> None:
+    assert suggested_ttl(None, 2.0, 0.5) == 0.5
+    assert ttl_floor(None, [0.5]) == 1.0  # twice a timeout under a second, too
 
 
 def test_the_whole_group_answer_for_the_worked_example() -> None:
@@ -256,6 +295,184 @@ def test_route_latencies_warn_when_the_timeout_sits_inside_the_tail() -> None:
     assert advice.as_json()["routes"][0]["warnings"] == []
 
 
+def test_a_route_tail_is_its_nearest_rank_percentiles_and_warns_from_p99_on() -> None:
+    latencies = [("put-rule", i / 100) for i in range(100, 0, -1)]  # 0.01 ... 1.0
+    request = AdviceRequest(resource=None, since_s=None)
+    within = advise([], latencies, [RouteSpec("put-rule", "rule:*", 1.0)], request, NOW)
+    assert within.as_json()["routes"] == [
+        {
+            "route": "put-rule",
+            "requests": 100,
+            "upstream_s": {"p50": 0.5, "p99": 0.99, "max": 1.0},
+            "timeout_s": 1.0,
+            "warnings": [],
+        }
+    ]
+    inside = advise([], latencies, [RouteSpec("put-rule", "rule:*", 0.99)], request, NOW)
+    assert inside.routes[0].warnings() == [
+        "route put-rule: the upstream timeout 0.99 s sits inside the measured tail "
+        "(p99 0.99 s): slow answers are cut off and their outcome becomes unknown"
+    ]
+
+
+# -- warnings, JSON and the line for people -------------------------------------------------
+
+
+def _group(
+    lives: list[LeaseLife],
+    routes: tuple[RouteSpec, ...] = (),
+    *,
+    margin: float = 2.0,
+    max_ttl_s: float = math.inf,
+    default_ttl_s: float | None = None,
+) -> GroupAdvice:
+    request = AdviceRequest(
+        resource="rule:*",
+        since_s=None,
+        margin=margin,
+        max_ttl_s=max_ttl_s,
+        default_ttl_s=default_ttl_s,
+    )
+    (group,) = advise(lives, [], routes, request, NOW).groups
+    return group
+
+
+def _turns(*turns: float) -> list[LeaseLife]:
+    return [_released(f"rule:r{i}", turn) for i, turn in enumerate(turns)]
+
+
+def test_fewer_than_twenty_turns_are_warned_about_twenty_are_not() -> None:
+    warned = (
+        "the advice rests on 19 measured turn(s), fewer than 20: measure more before trusting it"
+    )
+    assert warned in _group(_turns(*[1.0] * 19)).warnings
+    assert not any("fewer than" in w for w in _group(_turns(*[1.0] * 20)).warnings)
+
+
+def test_a_requested_ttl_that_turns_outlive_is_warned_about_with_its_share() -> None:
+    lives = [
+        _released("rule:a", 0.5, ttl_s=None),
+        _released("rule:b", 1.0, ttl_s=5.0),
+        _released("rule:c", 0.7, ttl_s=1.0),
+        _released("rule:d", 2.0, ttl_s=2.0),
+    ]
+    # The shortest TTL asked for is 1 s; the 1 s turn does not outlive it, the 2 s one does.
+    assert (
+        "holders request 1 s but 25% of turns take longer than that (1 of 4): "
+        "those leases expire under live workers unless they renew"
+    ) in _group(lives).warnings
+    outlived_by_none = [_released("rule:a", 0.5, ttl_s=2.0), _released("rule:b", 2.0, ttl_s=2.0)]
+    assert not any("holders request" in w for w in _group(outlived_by_none).warnings)
+    # Leases granted before their TTL was recorded say nothing about it.
+    untold = [_released("rule:a", 0.5, ttl_s=None), _released("rule:b", 2.0, ttl_s=None)]
+    assert not any("holders request" in w for w in _group(untold).warnings)
+
+
+def test_false_expiries_measured_are_warned_about_and_told_in_the_line() -> None:
+    came_back = _life("rule:x", ended_at=None, expires_at=NOW - 1, came_back_at=NOW)
+    group = _group([*_turns(1.0), came_back])
+    said = "1 lease(s) expired while their holder was still working"
+    assert f"{said} (measured false expiries)" in group.warnings
+    assert recommendation(group).endswith(f"; {said}")
+    assert not any(said in w for w in _group(_turns(1.0)).warnings)
+
+
+def test_a_ttl_raised_for_the_slowest_route_says_so_only_when_raised() -> None:
+    routes = (RouteSpec("fast", "rule:*", 0.1), RouteSpec("slow", "rule:*", 0.3))
+    # 2 x 0.1 s measured; the slowest route needs max(0.1, 0.3) + 0.3 s.
+    assert _group(_turns(0.1), routes).warnings[1:] == (
+        "raised to 0.6 s: a write at the end of the longest turn must still find route "
+        "slow's upstream timeout of 0.3 s on the lease (else lease_too_short)",
+    )
+    # The floor equal to what was measured (2 x 5 = 5 + 5) raised nothing.
+    assert _group(_turns(5.0), (RouteSpec("slow", "rule:*", 5.0),)).warnings[1:] == ()
+    # Without a turn the routes' floor is the suggestion itself: nothing was raised.
+    assert _group([], routes).warnings[1:] == ()
+
+
+def test_a_suggestion_above_max_ttl_is_warned_about_one_at_it_is_not() -> None:
+    assert _group(_turns(7.0), max_ttl_s=10.0).warnings[1:] == (
+        "the suggested TTL 14 s is above leases.max_ttl_s 10: raise the bound, "
+        "or have holders renew",
+    )
+    assert _group(_turns(7.0), max_ttl_s=14.0).warnings[1:] == ()
+
+
+def test_a_default_ttl_below_a_route_timeout_is_warned_about_per_route() -> None:
+    route = (RouteSpec("put-rule", "rule:*", 5.0),)
+    below = "route put-rule: leases.default_ttl_s 3 s is below its upstream timeout 5 s"
+    assert f"{below}: holders must pass ttl_s" in _group([], route, default_ttl_s=3.0).warnings
+    assert not any("default_ttl_s" in w for w in _group([], route, default_ttl_s=5.0).warnings)
+    # A timeout equal to max_ttl_s is no problem and still warned about.
+    at_max = _group([], route, default_ttl_s=3.0, max_ttl_s=5.0)
+    assert any(below in w for w in at_max.warnings)
+    request = AdviceRequest(resource="rule:*", since_s=None, max_ttl_s=5.0)
+    assert advise([], [], route, request, NOW).problems == ()
+    # Above it the route is a problem of the advice, not a warning of the group.
+    above = _group([], route, default_ttl_s=3.0, max_ttl_s=4.0)
+    assert not any(below in w for w in above.warnings)
+
+
+def test_the_ttls_in_use_and_the_endings_are_in_the_json() -> None:
+    lives = [_released(f"rule:r{i}", 0.5, ttl_s=float(i)) for i in range(1, 52)]
+    lives += [
+        _released("rule:untold", 0.5, ttl_s=None),
+        _life("rule:revoked", ended_at=NOW - 5, expires_at=NOW + 5, end_reason="revoked: x"),
+        _life("rule:live", ended_at=None, expires_at=NOW + 5),
+    ]
+    advice = advise(lives, [], [], AdviceRequest(resource="rule:*", since_s=None), NOW)
+    answer = advice.as_json()
+    (group,) = answer["groups"]
+    # 53 TTLs (the two _life ones are 30 s): the 27th is the median, 1 s the shortest.
+    assert group["ttls_in_use_s"] == {"p50": 27.0, "min": 1.0}
+    assert group["ended"] == {"total": 53, "released": 52, "revoked": 1}
+    assert answer["leases_ended"] == 53
+    assert answer["problems"] == []
+
+
+def test_how_a_lease_ended_at_the_boundaries() -> None:
+    assert _life("r", ended_at=None, expires_at=NOW).ending(NOW) == "expired"
+    assert _released("r", 1.0).ending(NOW) == "released"
+    revoked = _life("r", ended_at=NOW - 5, expires_at=NOW + 5, end_reason="revoked: x")
+    assert revoked.turn_s() is None  # only a release measures a turn
+    assert _life("r", ended_at=NOW - 1, expires_at=NOW - 1).expired(NOW)
+
+
+def test_the_line_for_people_without_turns_and_with_false_expiries() -> None:
+    assert recommendation(_group([])) == (
+        "rule:*: no measured turn and no fenced route: nothing to suggest"
+    )
+    assert recommendation(_group([], (RouteSpec("put-rule", "rule:*", 0.5),))) == (
+        "rule:*: suggest ttl_s 1 (no measured turn: from the routes)"
+    )
+    # Half the longest turn cuts the longest one short (and not the one it equals).
+    short = _group(_turns(0.5, 1.0, 1.5, 3.0), margin=0.5)
+    assert recommendation(short).startswith(
+        "rule:*: suggest ttl_s 1.5: false expiry 1 of 4 measured turns;"
+    )
+
+
+def test_turns_without_a_route_suggest_the_margin_times_the_longest_polled_each_second() -> None:
+    group = _group(_turns(0.1, 0.2))
+    answer = group.as_json()
+    assert answer["suggested_ttl_s"] == 0.4  # not raised to any minimum: none was given
+    assert answer["detection_delay_s"]["poll_interval_s"] == 1.0
+
+
+def test_the_busiest_prefixes_keep_their_groups_and_a_routes_group_is_never_folded() -> None:
+    request = AdviceRequest(resource=None, since_s=None)
+    fifty = [_released(f"p{i}:x", 1.0) for i in range(50)]
+    names = [g.resource for g in advise(fifty, [], [], request, NOW).groups]
+    assert len(names) == 50 and "*" not in names
+    lives = [*fifty, _released("zz:1", 1.0), _released("zz:2", 1.0)]
+    routes = [RouteSpec("put-rule", "rule:*", 1.0)]
+    groups = {g.resource: g for g in advise(lives, [], routes, request, NOW).groups}
+    # 51 prefixes: the busiest stays, the last by name of the least busy is folded.
+    assert "zz:*" in groups and "p9:*" not in groups
+    assert groups["*"].stats.turns == 1
+    assert "rule:*" in groups
+
+
 NOW = 1_000_000.0
 
 
@@ -280,7 +497,7 @@ def _life(
     )
 
 
-def _released(resource: str, turn_s: float) -> LeaseLife:
+def _released(resource: str, turn_s: float, ttl_s: float | None = 30.0) -> LeaseLife:
     granted = NOW - 100
     return LeaseLife(
         resource=resource,
@@ -289,7 +506,7 @@ def _released(resource: str, turn_s: float) -> LeaseLife:
         expires_at=granted + 30,
         ended_at=granted + turn_s,
         end_reason="released",
-        granted_ttl_s=30.0,
+        granted_ttl_s=ttl_s,
         renewals=0,
         came_back_at=None,
     )

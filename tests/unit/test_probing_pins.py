@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.lifecycle import DEADLINE_MARGIN_S, check_resolvable
+from core.lifecycle import DEADLINE_MARGIN_S, Event, check_resolvable
 from core.probing import (
     FIRST_RETRY_S,
     MAX_RETRY_S,
@@ -137,6 +137,24 @@ def test_each_probe_verdict_says_what_the_answer_proved(
     status: int | None, error: str | None, at: float, detail: str
 ) -> None:
     assert judge_probe(status, error, reconcile(), LONG_AGO, at).detail == detail
+
+
+@pytest.mark.parametrize(
+    ("status", "at", "event", "early"),
+    [
+        (200, NOW, Event.PROBE_COMMITTED, False),
+        (404, NOW, Event.PROBE_NOT_COMMITTED, False),
+        # Only a "not found" asked inside the settle window spares an attempt.
+        (404, LONG_AGO + 0.25, Event.PROBE_INCONCLUSIVE, True),
+        (503, NOW, Event.PROBE_INCONCLUSIVE, False),
+        (None, NOW, Event.PROBE_INCONCLUSIVE, False),
+    ],
+)
+def test_each_verdict_is_the_lifecycle_event_it_records_and_only_an_early_one_is_early(
+    status: int | None, at: float, event: Event, early: bool
+) -> None:
+    verdict = judge_probe(status, "refused", reconcile(), LONG_AGO, at)
+    assert (verdict.event, verdict.early) == (event, early)
 
 
 def test_a_settled_effect_is_refused_with_its_state() -> None:

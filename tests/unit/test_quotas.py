@@ -165,6 +165,42 @@ def test_without_a_full_bucket_the_least_recently_used_is_forgotten() -> None:
     assert rate.take("third", 0.001, 1, NOW) > 0
 
 
+def test_a_subject_that_acquires_again_is_no_longer_the_least_recently_used() -> None:
+    rate = AcquireRate(max_subjects=2)
+    rate.take("busy", 0.001, 2, NOW)
+    rate.take("idle", 0.001, 2, NOW)
+    rate.take("busy", 0.001, 2, NOW + 1)  # "idle" is now the one seen longest ago
+    rate.take("newcomer", 0.001, 2, NOW + 2)
+    # "busy" kept its drained bucket; "idle" was forgotten and starts from a full one.
+    assert rate.take("busy", 0.001, 2, NOW + 2) > 0
+    assert [rate.take("idle", 0.001, 2, NOW + 2) for _ in range(2)] == [0.0, 0.0]
+
+
+def test_by_default_the_buckets_of_4096_subjects_are_kept_as_the_guide_says() -> None:
+    rate = AcquireRate()
+    for i in range(4096):
+        rate.take(f"subject-{i}", 0.001, 1, NOW)
+    assert len(rate) == 4096
+    rate.take("one-more", 0.001, 1, NOW)
+    assert len(rate) == 4096
+
+
+def test_a_newcomer_looks_for_full_buckets_among_the_64_least_recently_used_only() -> None:
+    # The scan is bounded so that a flood of new names costs the same for each.
+    rate = AcquireRate(max_subjects=100)
+    for i in range(63):
+        rate.take(f"drained-{i}", 0.001, 1, NOW)  # refills in 1000 s
+    rate.take("quick-64th", 10, 1, NOW)  # full again 0.1 s later
+    rate.take("quick-65th", 10, 1, NOW)
+    for i in range(35):
+        rate.take(f"recent-{i}", 0.001, 1, NOW)
+    rate.take("newcomer", 0.001, 1, NOW + 1)
+    # The 64th least recently used was full and made the room alone (the 65th, as full,
+    # was not looked at), and the least recently used, drained, was kept.
+    assert len(rate) == 100
+    assert rate.take("drained-0", 0.001, 1, NOW + 1) > 0
+
+
 # --- the live-lease cap -------------------------------------------------------------------
 
 

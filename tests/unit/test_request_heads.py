@@ -113,32 +113,47 @@ def test_empty_lines_before_a_request_line_start_no_head() -> None:
     assert counter.heads_completed == 0
 
 
-STREAMS = [
-    b"GET / HTTP/1.1\r\nHost: p\r\n\r\n",
-    HEAD + b"Content-Length: 5\r\n\r\nhello" + b"GET / HTTP/1.1\r\nHost: p\r\n\r\n",
-    HEAD + b"content-length:  3 \r\n\r\nabc" + b"GET /" + b"a" * 120,
-    HEAD + b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello" + b"x" * 250,
-    HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-    HEAD + b"X-Folded: a\r\n b\r\n\r\n",
-    HEAD + b"X: " + b"a" * 170 + b"\r\n\r\n",
-    HEAD + b"X: " + b"a" * 186 + b"\r\n\r\n",  # header lines of exactly the limit
-    HEAD + b"X: " + b"a" * 187 + b"\r\n\r\n",
-    HEAD + b"a: 1\r\nb: 2\r\nc: 3\r\n\r\n",
-    b"GET /" + b"a" * 86 + b" HTTP/1.1\r\n\r\n",  # a request line of exactly the limit
-    b"GET /" + b"a" * 87 + b" HTTP/1.1\r\n\r\n",
-    b"\r\nGET / HTTP/1.1\r\n\r\n",
-    b"GET / HTTP/1.1\nHost: p\n\n",
+TOO_LARGE = ErrorCode.HEADERS_TOO_LARGE
+TOO_LONG = ErrorCode.URI_TOO_LONG
+# Each stream with its verdict and the heads it completes, under LIMITS (a request line
+# of 100 bytes with its CR, 4 header lines, 200 bytes of header block with its line ends
+# and the blank line).
+STREAMS: list[tuple[bytes, ErrorCode | None, int]] = [
+    (b"GET / HTTP/1.1\r\nHost: p\r\n\r\n", None, 1),
+    (HEAD + b"Content-Length: 5\r\n\r\nhello" + b"GET / HTTP/1.1\r\nHost: p\r\n\r\n", None, 2),
+    (HEAD + b"content-length:  3 \r\n\r\nabc" + b"GET /" + b"a" * 120, TOO_LONG, 1),
+    (
+        HEAD + b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello" + b"x" * 250,
+        ErrorCode.INVALID_REQUEST,
+        0,
+    ),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", None, 1),
+    (HEAD + b"X-Folded: a\r\n b\r\n\r\n", None, 1),
+    (HEAD + b"X: " + b"a" * 170 + b"\r\n\r\n", None, 1),
+    (HEAD + b"X: " + b"a" * 184 + b"\r\n\r\n", None, 1),  # a header block of exactly 200
+    (HEAD + b"X: " + b"a" * 185 + b"\r\n\r\n", TOO_LARGE, 0),
+    (HEAD + b"X: " + b"a" * 186 + b"\r\n\r\n", TOO_LARGE, 0),
+    (HEAD + b"a: 1\r\nb: 2\r\nc: 3\r\n\r\n", None, 1),  # 4 header lines
+    (HEAD + b"a: 1\r\nb: 2\r\nc: 3\r\nd: 4\r\n\r\n", TOO_LARGE, 0),
+    (b"GET /" + b"a" * 85 + b" HTTP/1.1\r\n\r\n", None, 1),  # a request line of exactly 100
+    (b"GET /" + b"a" * 86 + b" HTTP/1.1\r\n\r\n", TOO_LONG, 0),
+    (b"GET /" + b"a" * 87 + b" HTTP/1.1\r\n\r\n", TOO_LONG, 0),
+    (b"\r\nGET / HTTP/1.1\r\n\r\n", None, 1),
+    (b"GET / HTTP/1.1\nHost: p\n\n", None, 1),
+    # After framing no parser accepts, what follows counts as one head's bytes: 200 pass.
+    (HEAD + b"Content-Length: x\r\n\r\n" + b"y" * 200, None, 1),
+    (HEAD + b"Content-Length: x\r\n\r\n" + b"y" * 201, TOO_LARGE, 1),
 ]
 
 
-@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize(("stream", "verdict", "heads"), STREAMS)
 def test_a_head_that_arrives_whole_is_judged_as_one_that_arrives_byte_by_byte(
-    stream: bytes,
+    stream: bytes, verdict: ErrorCode | None, heads: int
 ) -> None:
     whole, whole_verdict = fed(stream)
     pieces, pieces_verdict = fed(*(stream[i : i + 1] for i in range(len(stream))))
-    assert whole_verdict == pieces_verdict
-    assert whole.heads_completed == pieces.heads_completed
+    assert whole_verdict == pieces_verdict == verdict
+    assert whole.heads_completed == pieces.heads_completed == heads
 
 
 REPEATED_USER_AGENT = (

@@ -60,7 +60,9 @@ def test_a_client_narrowed_out_of_its_globs_is_forbidden_resource() -> None:
 
 def test_a_client_that_may_no_longer_lease_is_forbidden() -> None:
     reader = replace(SUP, may=frozenset({Right.READ, Right.OPERATE}))
-    refused(check_standing(sup_lease(), clients(reader)), "forbidden")
+    refusal = refused(check_standing(sup_lease(), clients(reader)), "forbidden")
+    # The detail names the client and the setting that took the right away.
+    assert refusal.detail == "client 'sup' may no longer lease (auth.clients[].may)"
 
 
 def test_a_lease_taken_without_auth_is_forbidden_once_auth_is_on() -> None:

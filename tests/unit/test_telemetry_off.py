@@ -44,6 +44,18 @@ def test_a_proxy_without_tracing_imports_no_opentelemetry_and_adds_no_middleware
     assert done.stdout.split(maxsplit=1) == ["2", "[]\n"], done.stderr
 
 
+def test_a_process_that_installs_nothing_opens_no_scope_per_request() -> None:
+    # Every command but `serve` (which calls install) runs on the module's defaults.
+    done = subprocess.run(
+        [sys.executable, "-c", "from core import telemetry; print(telemetry.requests_scoped())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout == "False\n", done.stderr
+
+
 def test_off_a_step_is_the_work_itself_and_what_it_is_about_goes_nowhere() -> None:
     assert not telemetry.requests_scoped()
 
