@@ -45,6 +45,7 @@ def main() -> int:
     end = time.monotonic() + args.duration
     seed, runs, failed = args.seed, 0, []
     faults: Counter[str] = Counter()
+    stops: Counter[str] = Counter()
     ops: Counter[str] = Counter()
     while time.monotonic() < end and (args.seeds == 0 or runs < args.seeds):
         backend = backends[runs % len(backends)]
@@ -60,6 +61,7 @@ def main() -> int:
         )
         print(report.text(), flush=True)
         faults.update(report.history.faults)
+        stops.update(report.history.stops)
         ops.update(report.history.ops)
         if report.violations:
             failed.append((seed, backend))
@@ -67,6 +69,7 @@ def main() -> int:
         runs += 1
     print(
         f"{runs} seeds from {args.seed}; faults {_counts(faults)}; "
+        f"failpoints reached {_counts(stops)}; "
         f"operations {sum(ops.values())}; seeds with violations: {failed or 'none'}"
     )
     return 1 if failed else 0

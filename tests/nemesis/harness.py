@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
+import os
+import signal
 import sqlite3
 import tempfile
 import time
@@ -28,6 +32,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from demo.upstream import DELAY_HEADER
 from proxy import failpoints
 from tests import pg
 from tests.integration.replicas.conftest import Answer, Fleet, Proxy, call
@@ -59,6 +64,18 @@ READY_TIMEOUT_S = 30.0
 OPERATOR_EVERY_S = 1.0
 # How long the nemesis waits for the transaction a relay fault is armed for.
 RELAY_WAIT_S = 3.0
+# The `cancelled` fault: the replica's stop grace, shorter than the slow write's delay,
+# which is shorter than the upstream timeout, so the grace ends while the write waits on
+# the upstream (the nemesis polls the upstream's records every POLL_S before its SIGTERM).
+CANCEL_GRACE_S = 0.1
+SLOW_WRITE_MS = 400
+POLL_S = 0.02
+# How long it waits for a worker's write made slow to reach the upstream (a write refused
+# before it is sent never does: another is made slow), for the replica to stop itself
+# once told to stop, and for it to exit once continued.
+SLOW_WRITE_WAIT_S = 5.0
+SLOW_WRITE_ARRIVAL_S = 1.0
+STOPPING_WAIT_S = 5.0
 # Refusals after which the worker's token is no good: it takes a new lease.
 LOST_LEASE = frozenset({"stale_epoch", "lease_expired", "invalid_token", "lease_too_short"})
 # Refusals that forwarded nothing; `store_unavailable` only without an effect (before
@@ -110,6 +127,9 @@ class History:
     attempts: list[Attempt] = field(default_factory=list)
     ops: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
+    # The failpoints replicas stopped themselves at: a fault armed for one that was never
+    # reached tested nothing, and the run says so.
+    stops: Counter[str] = field(default_factory=Counter)
     events: list[tuple[float, str]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -143,6 +163,9 @@ class Cluster:
         # Replicas stopped at a failpoint, or armed for one, and the task that continues them.
         self.watchers: list[asyncio.Task[None]] = []
         self.armed: set[int] = set()  # started with a failpoint that has not fired yet
+        # Replicas whose next fenced write is made slow, and the key each one slowed.
+        self.slow_next: set[int] = set()
+        self.slowed: dict[int, str] = {}
 
     def url(self, index: int) -> str:
         return self.replicas[index].url
@@ -151,9 +174,13 @@ class Cluster:
         self.down.add(index)
         self.replicas[index].process.kill()
 
-    async def restart(self, index: int, env: dict[str, str] | None = None) -> None:
+    async def restart(
+        self, index: int, env: dict[str, str] | None = None, serve_args: tuple[str, ...] = ()
+    ) -> None:
         old = self.replicas[index]
-        proxy = self.fleet.spawn_proxy(old.name, old.config_path, old.port, env=env)
+        proxy = self.fleet.spawn_proxy(
+            old.name, old.config_path, old.port, env=env, serve_args=serve_args
+        )
         self.replicas[index] = proxy
         if env:
             self.armed.add(index)
@@ -200,12 +227,86 @@ class Cluster:
         if not proxy.process.is_running():
             return
         self.armed.discard(index)
+        history.stops[point] += 1
         history.note(f"NEMESIS r{index} stopped itself at {point}; held {hold_s:.2f} s")
         try:
             await asyncio.sleep(hold_s)
         finally:
             proxy.process.resume()
         history.note(f"NEMESIS r{index} continued from {point}")
+
+    def slow_write_headers(self, index: int, key: str) -> dict[str, str]:
+        """The headers that make this write slow upstream, if it is the one the nemesis
+        waits for on replica `index` (taken by one write only)."""
+        if index not in self.slow_next:
+            return {}
+        self.slow_next.discard(index)
+        self.slowed[index] = key
+        return {DELAY_HEADER: str(SLOW_WRITE_MS)}
+
+    async def cancel_in_flight(
+        self, index: int, hold_s: float, deadline: float, history: History
+    ) -> None:
+        """Restart replica `index` with `cancelled` enabled once and a short stop grace,
+        make one of its fenced writes slow upstream, and tell it to stop (SIGTERM) once
+        the upstream has that write: the grace ends mid-dispatch, the handler is
+        cancelled and the replica stops itself before its receipt. Continued after
+        `hold_s` (or at the run's deadline), it finishes stopping and is started again
+        as it was."""
+        self.replicas[index].process.terminate()
+        await self.restart(
+            index,
+            {failpoints.ENV: f"{failpoints.CANCELLED}:once"},
+            ("--grace", str(CANCEL_GRACE_S)),
+        )
+        proxy = self.replicas[index]
+        try:
+            key = await self._slow_write_upstream(index, deadline)
+            if key is None:
+                history.note(f"NEMESIS r{index}: no write made slow reached the upstream")
+                return
+            os.kill(proxy.process.pid, signal.SIGTERM)  # not waited for: it stops on the way
+            history.note(f"NEMESIS r{index} told to stop, {key} upstream")
+            await _poll_until(
+                lambda: proxy.process.is_stopped() or not proxy.process.is_running(),
+                STOPPING_WAIT_S,
+            )
+            if not proxy.process.is_stopped():
+                history.note(f"NEMESIS r{index} stopped without reaching cancelled")
+                return
+            held = max(0.0, min(hold_s, deadline - time.monotonic()))
+            history.stops[failpoints.CANCELLED] += 1
+            history.note(f"NEMESIS r{index} stopped itself at cancelled; held {held:.2f} s")
+            try:
+                await asyncio.sleep(held)
+            finally:
+                proxy.process.resume()
+            history.note(f"NEMESIS r{index} continued from cancelled")
+            await _poll_until(lambda: not proxy.process.is_running(), STOPPING_WAIT_S)
+        finally:
+            self.slow_next.discard(index)
+            self.slowed.pop(index, None)
+            proxy.process.terminate()  # already exited, but for a replica that never stopped
+            await self.restart(index)
+            history.note(f"NEMESIS r{index} ready again")
+
+    async def _slow_write_upstream(self, index: int, deadline: float) -> str | None:
+        """The key of a worker's write to replica `index`, made slow, once the upstream
+        has it; None if none got there in time."""
+        upstream_db = self.fleet.tmp_path / "upstream.db"
+        give_up = min(deadline, time.monotonic() + SLOW_WRITE_WAIT_S)
+        while time.monotonic() < give_up:
+            after = last_arrival(upstream_db)
+            self.slowed.pop(index, None)
+            self.slow_next.add(index)
+            await _poll_until(lambda: index in self.slowed, give_up - time.monotonic())
+            key = self.slowed.get(index)
+            if key is None:
+                return None
+            arrived = functools.partial(slow_write_arrived, upstream_db, key, after)
+            if await _poll_until(arrived, SLOW_WRITE_ARRIVAL_S):
+                return key
+        return None
 
     async def release_all(self) -> None:
         """The end of the faults: every failpoint watcher ends, and every replica runs."""
@@ -353,6 +454,7 @@ class Worker:
         answer: Answer | None = None
         told = Told.UNKNOWN
         try:
+            headers |= self.cluster.slow_write_headers(replica, key)
             answer = await self._call(
                 replica, "POST", f"/orders/{target}", {"qty": 1, "key": key}, headers
             )
@@ -462,10 +564,12 @@ class Report:
     def summary(self) -> str:
         told = Counter(attempt.told.value for attempt in self.history.attempts)
         faults = ", ".join(f"{kind} {n}" for kind, n in sorted(self.history.faults.items()))
+        stops = ", ".join(f"{point} {n}" for point, n in sorted(self.history.stops.items()))
         ops = ", ".join(f"{kind} {n}" for kind, n in sorted(self.history.ops.items()))
         answers = ", ".join(f"{kind} {n}" for kind, n in sorted(told.items()))
         return (
             f"seed {self.schedule.seed} ({self.backend}): faults [{faults or 'none'}]; "
+            f"failpoints reached [{stops or 'none'}]; "
             f"operations [{ops}]; write answers [{answers}]; grants "
             f"{len(self.history.grants)}; upstream effects {self.applied}; keys never "
             f"answered applied {len(self.unresolved)}; violations {len(self.violations)}"
@@ -490,10 +594,37 @@ class Report:
         return "\n".join(parts)
 
 
+async def _poll_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether `condition` came true within `timeout_s` (polled: processes and the
+    upstream's file tell nobody)."""
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= give_up:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+def last_arrival(db_path: Path) -> int:
+    """The upstream's sequence number of the last mutation that reached it (0: none)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+        (seq,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM mutation_headers").fetchone()
+    return int(seq)
+
+
+def slow_write_arrived(db_path: Path, key: str, after: int) -> bool:
+    """Whether a mutation of `key` made slow reached the upstream after its `after`th."""
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT headers FROM mutation_headers WHERE seq > ?", (after,))
+        for (headers_json,) in rows:
+            headers = json.loads(headers_json)
+            if headers.get("idempotency-key") == key and DELAY_HEADER.lower() in headers:
+                return True
+    return False
+
+
 def read_records(db_path: Path) -> tuple[list[Applied], list[Arrival]]:
     """The upstream's own records: what it applied, and every mutation that reached it."""
-    import json
-
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
         applied = [
             Applied(seq, target, key, epoch)
@@ -529,13 +660,14 @@ async def _nemesis(
             await asyncio.sleep(wait)
         if time.monotonic() >= deadline:
             return
-        await _inject(fault, cluster, history, failover, patroni)
+        await _inject(fault, cluster, history, deadline, failover, patroni)
 
 
 async def _inject(
     fault: Fault,
     cluster: Cluster,
     history: History,
+    deadline: float,
     failover: Callable[[], None] | None,
     patroni: PatroniCluster | None,
 ) -> None:
@@ -558,6 +690,9 @@ async def _inject(
     elif fault.kind is FaultKind.FAILPOINT:
         history.note(f"NEMESIS r{index} restarted with failpoint {fault.detail}:once")
         await cluster.arm_failpoint(index, fault.detail, fault.duration_s, history)
+    elif fault.kind is FaultKind.CANCELLED:
+        history.note(f"NEMESIS r{index} restarted to be cut off past its stop grace")
+        await cluster.cancel_in_flight(index, fault.duration_s, deadline, history)
     elif fault.kind is FaultKind.RELAY:
         relay = cluster.relay
         if relay is None:
@@ -715,7 +850,7 @@ async def run_seed(
     on; the leader killed or switched over among the faults)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
-    faults = frozenset({FaultKind.PAUSE, FaultKind.KILL, FaultKind.FAILPOINT})
+    faults = frozenset({FaultKind.PAUSE, FaultKind.KILL, FaultKind.FAILPOINT, FaultKind.CANCELLED})
     if backend == "postgres":
         faults |= {FaultKind.RELAY}
     if backend.startswith("standby"):

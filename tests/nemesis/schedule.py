@@ -29,6 +29,12 @@ class FaultKind(StrEnum):
     # The replica restarts with FENCEPROXY_FAILPOINTS=<point>:once, stops itself there at
     # its next fenced write (proxy/failpoints.py), and is continued after `duration_s`.
     FAILPOINT = "failpoint"
+    # The replica restarts with FENCEPROXY_FAILPOINTS=cancelled:once and a short stop
+    # grace, one of its fenced writes is made slow, and it is told to stop (SIGTERM) once
+    # the upstream has that write: the grace ends mid-dispatch, the handler is cancelled
+    # and the replica stops itself before its UNKNOWN receipt; continued after
+    # `duration_s`, it finishes stopping and is started again.
+    CANCELLED = "cancelled"
     # The relay between the replicas and PostgreSQL (pgrelay.py) acts: `detail` is
     # `<action>:<match>` for the next transaction whose text holds `match`, `cut_all`,
     # or `blackhole` (every connection, for `duration_s`).
@@ -179,6 +185,10 @@ def _fault(rng: random.Random, kind: FaultKind, at_s: float, replicas: int) -> F
         # Long enough, at times, for the lease to run out and the effect to be taken for
         # lost (its deadline, 2 s more, a probe) while the replica still holds it.
         return Fault(at_s, kind, replica, round(rng.uniform(1.0, 6.0), 3), rng.choice(FAILPOINTS))
+    if kind is FaultKind.CANCELLED:
+        # As a failpoint's hold, and longer: past the lease, the effect's deadline and
+        # a sweep of another replica, which settles the effect while this one is stopped.
+        return Fault(at_s, kind, replica, round(rng.uniform(1.0, 10.0), 3))
     if kind is FaultKind.LEADER:
         return Fault(at_s, kind, 0, round(rng.uniform(0.0, 6.0), 3), rng.choice(LEADER_FAULTS))
     action = rng.choice(RELAY_ACTIONS)
