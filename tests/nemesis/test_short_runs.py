@@ -1,11 +1,12 @@
-"""The nemesis in `make test`: a few fixed seeds, short, on PostgreSQL (two replicas on
-one database behind the relay, and again with a replica cut off past its stop grace;
-a primary with its synchronous standby, failed over mid-run; a Patroni cluster with
-etcd in synchronous mode, switched over mid-run) and on SQLite (one replica). Each
-seed is chosen for the faults its schedule draws (the comment above each test says
-which); a schedule change that loses them means choosing the seed again. A violation fails the test with the seed, the schedule, the
-history and the upstream's records; `python -m tests.nemesis --seed N --seeds 1
---run-s S --backend B` runs the seed again. `make chaos` runs seeds for longer."""
+"""The nemesis in `make test`: a few fixed seeds, short, on PostgreSQL (two replicas on one
+database behind the relay, and again with a replica cut off past its stop grace; a
+primary with its synchronous standby, failed over mid-run; a Patroni cluster with etcd
+in synchronous mode, switched over mid-run) and on SQLite (one replica). Each seed is
+chosen for the faults its schedule draws (the comment above each test says which); a
+schedule change that loses them means choosing the seed again. A violation fails the
+test with the seed, the schedule, the history and the upstream's records; `python -m
+tests.nemesis --seed N --seeds 1 --run-s S --backend B` runs the seed again. `make
+chaos` runs seeds for longer."""
 
 from __future__ import annotations
 
