@@ -381,7 +381,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_store_id TEXT;
     v_now DOUBLE PRECISION;
-    v_retain_s DOUBLE PRECISION;
+    v_settled BOOLEAN;
 BEGIN
     -- The time is read once the lock is held: the aggregate waits for the upsert.
     WITH locked AS (
@@ -401,35 +401,34 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF p_key = 'free' AND EXISTS (
-        SELECT 1 FROM effects o
-        WHERE o.resource = p_resource AND o.idempotency_key = p_idempotency_key
-          AND o.id <> p_id AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
-    ) THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    UPDATE effects e SET state = p_state, finished_at = v_now,
-                         upstream_status = p_upstream_status, reason = p_reason,
-                         settled_by = NULL,
-                         next_probe_at = CASE WHEN p_probe_now THEN v_now END,
-                         probe_claimed_by = NULL, probe_claimed_until = NULL
-    WHERE e.id = p_id AND e.state = p_expected
-    RETURNING e.retain_s INTO v_retain_s;
-    IF NOT FOUND THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
     IF p_key = 'free' THEN
-        DELETE FROM idempotency WHERE effect_id = p_id;
-    ELSIF p_key = 'commit' THEN
-        -- fenceproxy_commit_key's statement.
+        IF EXISTS (
+            SELECT 1 FROM effects o
+            WHERE o.resource = p_resource AND o.idempotency_key = p_idempotency_key
+              AND o.id <> p_id AND o.state IN ('DISPATCHING', 'UNKNOWN', 'CONFLICTING')
+        ) THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    -- The effect's update and the key commit (fenceproxy_commit_key's statement) in one
+    -- statement; the key is committed only if the effect was updated.
+    WITH settled AS (
+        UPDATE effects e SET state = p_state, finished_at = v_now,
+                             upstream_status = p_upstream_status, reason = p_reason,
+                             settled_by = NULL,
+                             next_probe_at = CASE WHEN p_probe_now THEN v_now END,
+                             probe_claimed_by = NULL, probe_claimed_until = NULL
+        WHERE e.id = p_id AND e.state = p_expected
+        RETURNING e.retain_s
+    ), committed AS (
         INSERT INTO idempotency AS i (resource, key, fingerprint, effect_id, epoch,
                                       expires_at, response_status, response_headers,
                                       response_body, settled_by)
-        VALUES (p_resource, p_idempotency_key, p_fingerprint, p_id, p_epoch,
-                v_now + COALESCE(v_retain_s, p_default_retain_s), p_status, p_headers,
-                p_body, p_key_settled_by)
+        SELECT p_resource, p_idempotency_key, p_fingerprint, p_id, p_epoch,
+               v_now + COALESCE(settled.retain_s, p_default_retain_s), p_status, p_headers,
+               p_body, p_key_settled_by
+        FROM settled WHERE p_key = 'commit'
         ON CONFLICT (resource, key) DO UPDATE SET
             fingerprint = excluded.fingerprint, effect_id = excluded.effect_id,
             epoch = excluded.epoch, expires_at = excluded.expires_at,
@@ -442,7 +441,15 @@ BEGIN
             response_body = CASE WHEN i.effect_id = excluded.effect_id
                 THEN COALESCE(excluded.response_body, i.response_body)
                 ELSE excluded.response_body END,
-            settled_by = excluded.settled_by;
+            settled_by = excluded.settled_by
+    )
+    SELECT true INTO v_settled FROM settled;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_key = 'free' THEN
+        DELETE FROM idempotency WHERE effect_id = p_id;
     END IF;
     IF p_conclusion IS NOT NULL THEN
         INSERT INTO effect_events (effect_id, at, kind, actor, upstream_status, conclusion,
