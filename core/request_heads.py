@@ -40,12 +40,23 @@ ONCE_ONLY_FIELDS = frozenset(
         b"user-agent",
     }
 )
-# Each ONCE_ONLY_FIELDS name at a line's start, as the fast path finds them in a whole
-# head (lowered): one scan of the head; counting each name apart was ten scans, half
-# of what the counter cost per head (bench/README.md).
-_ONCE_ONLY_NAMES = re.compile(
-    rb"\n(" + b"|".join(re.escape(name) for name in sorted(ONCE_ONLY_FIELDS)) + rb"):"
+# What the fast path must see of a whole head (lowered), in one scan: a line that
+# starts with a ONCE_ONLY_FIELDS name and its colon gives the name and colon; every
+# other mark is of a line the line-by-line count reads otherwise (_NOT_COMMON): a line
+# after a bare LF (an empty match), a folded line (its space or tab), a line that
+# starts with a CR (a line of CRs ends a head), and a line whose name starts with
+# `transfer-encoding`, or with `content-length` and goes on (such a line, if longer
+# than _KEPT_LINE, leaves the framing unclear). Every other line gives nothing.
+# Counting the ten names apart was ten scans (bench/README.md).
+_MARKS = re.compile(
+    rb"\n((?<!\r\n)|[ \t\r]|transfer-encoding|content-length(?!:)|(?:"
+    + b"|".join(re.escape(name) for name in sorted(ONCE_ONLY_FIELDS))
+    + rb"):)"
 )
+_NOT_COMMON = frozenset({b"", b" ", b"\t", b"\r", b"transfer-encoding", b"content-length"})
+# A Content-Length line the fast path reads: at most 100 bytes of blanks either side of
+# at most 19 digits keeps the line within _KEPT_LINE; a longer one it leaves.
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]{0,100}([0-9]{1,19})[ \t]{0,100}\r")
 # The part of a line the counter keeps to read it (a header's name and value, a chunk
 # size): a longer line is counted but not read, and cannot be Content-Length,
 # Transfer-Encoding or a chunk size that a parser accepts.
@@ -104,17 +115,17 @@ class HeadCounter:
         position = 0
         end = len(data)
         while position < end and self.refusal is None:
+            if self._part is _Part.REQUEST_LINE and not self._line_bytes:
+                after = self._whole_head(data, position)
+                if after >= 0:
+                    position = after
+                    continue
             if self._part is _Part.UNFRAMED:
                 self._header_bytes += end - position
                 position = end
                 if self._header_bytes > self._limits.header_bytes:
                     self.refusal = ErrorCode.HEADERS_TOO_LARGE
                 continue
-            if self._part is _Part.REQUEST_LINE and not self._line_bytes:
-                head_end = self._whole_head(data, position)
-                if head_end >= 0:
-                    position = head_end
-                    continue
             if self._part in (_Part.BODY, _Part.CHUNK_DATA):
                 taken = min(self._remaining, end - position)
                 self._remaining -= taken
@@ -137,45 +148,48 @@ class HeadCounter:
         return self.refusal
 
     def _whole_head(self, data: bytes, start: int) -> int:
-        """Where the body begins, for a common head that arrived whole: no Transfer-Encoding,
-        at most one Content-Length, every line ended by CRLF, none folded. -1 for any
-        other, which the line-by-line count then takes."""
+        """For a common head that arrived whole (no Transfer-Encoding, at most one
+        Content-Length, on a line of at most _KEPT_LINE bytes, every line ended by CRLF,
+        none folded): where counting goes on, after the head and as much of its body as
+        arrived with it. -1 for any other head, which the line-by-line count then takes."""
         limits = self._limits
         end = data.find(b"\r\n\r\n", start, start + limits.request_line + limits.header_bytes)
         if end < 0:
             return -1
-        first_end = data.find(b"\r\n", start, end + 2)
-        self.method = data[start:first_end].partition(b" ")[0]
-        lines = data.count(b"\n", start, end + 2)
+        head = data[start : end + 2].lower()
+        first_end = head.find(b"\r\n")
+        header_bytes = end + 2 - start - first_end  # the blank line's CRLF included
         if (
-            first_end == start  # an empty line before the request line
-            or first_end - start + 1 > limits.request_line
-            or end + 2 - first_end > limits.header_bytes  # the blank line's CRLF included
-            or lines - 1 > limits.header_lines
-            or data.count(b"\r\n", start, end + 2) != lines
-            or data.count(b"\n ", start, end) + data.count(b"\n\t", start, end)
+            head.startswith(b"\r")  # an empty line, or one of CRs, before the request line
+            or first_end + 1 > limits.request_line
+            or header_bytes > limits.header_bytes
+            # A header line takes 3 bytes at least: count them only when that could be over.
+            or (
+                header_bytes > 3 * limits.header_lines
+                and head.count(b"\n") - 1 > limits.header_lines
+            )
         ):
             return -1
-        head = data[first_end:end].lower()
-        if b"\ntransfer-encoding" in head:
+        marks = _MARKS.findall(head)
+        seen = set(marks)
+        if not seen.isdisjoint(_NOT_COMMON):
             return -1
-        once_only = _ONCE_ONLY_NAMES.findall(head)
-        if len(once_only) != len(set(once_only)):
+        self.method = data[start : start + first_end + 1].partition(b" ")[0]
+        if len(seen) != len(marks):
             self.refusal = ErrorCode.INVALID_REQUEST
             return end + 4
-        length_at = head.find(b"\ncontent-length:")
-        content_length = 0
-        if length_at >= 0:
-            value_end = head.find(b"\r", length_at + 16)
-            value = head[length_at + 16 : value_end if value_end >= 0 else len(head)].strip(b" \t")
-            if not value.isdigit() or head.find(b"\ncontent-length", length_at + 16) >= 0:
+        body_end = end + 4
+        if b"content-length:" in seen:
+            length = _CONTENT_LENGTH.search(head)
+            if length is None:
                 return -1
-            content_length = int(value)
+            body_end += int(length[1])
         self.heads_completed += 1
-        if content_length:
-            self._remaining = content_length
-            self._part = _Part.BODY
-        return end + 4
+        if body_end <= len(data):
+            return body_end
+        self._remaining = body_end - len(data)
+        self._part = _Part.BODY
+        return len(data)
 
     def _check_sizes(self) -> None:
         limits = self._limits
@@ -211,7 +225,7 @@ class HeadCounter:
                 self._note_once_only(kept)
                 if line is not None:
                     self._read_framing(line)
-                elif self._is_framing_prefix():
+                elif _names_framing(kept):  # too long to read
                     self._framing_unclear = True
         elif part is _Part.CHUNK_SIZE:
             size = _chunk_size(line)
@@ -260,10 +274,6 @@ class HeadCounter:
         if self._header_lines > self._limits.header_lines:
             self.refusal = ErrorCode.HEADERS_TOO_LARGE
 
-    def _is_framing_prefix(self) -> bool:
-        name = bytes(self._line[:18]).lower()
-        return name.startswith((b"content-length", b"transfer-encoding"))
-
     def _read_framing(self, line: bytes) -> None:
         if line[:1] in (b" ", b"\t"):
             # A folded line continues the header before it, which may be one of these.
@@ -298,6 +308,11 @@ class HeadCounter:
     def _count_rest_as_head(self) -> None:
         self._part = _Part.UNFRAMED
         self._header_bytes = 0
+
+
+def _names_framing(kept: bytes) -> bool:
+    """Whether a header line's kept start names Content-Length or Transfer-Encoding."""
+    return kept[:18].lower().startswith((b"content-length", b"transfer-encoding"))
 
 
 def _chunk_size(line: bytes | None) -> int | None:

@@ -9,6 +9,10 @@ from store.history import RecoveryWindow, Replication
 
 T = TypeVar("T")
 Row = dict[str, Any]
+# One row's values in the order of its block's columns, for a read on the request path
+# (building a dict per row and records from it by name is measurable there): the
+# reader names the columns (store/reads.py ADMISSION_COLUMNS).
+Values = tuple[Any, ...]
 
 
 class StoreError(Exception):
@@ -47,6 +51,10 @@ class Tx(Protocol):
     now: float
 
     async def one(self, query: str, **params: Any) -> Row | None: ...
+
+    async def values(self, query: str, **params: Any) -> Values | None:
+        """The first row's values, in the order of the block's columns; None: no row."""
+        ...
 
     async def all(self, query: str, **params: Any) -> list[Row]: ...
 
@@ -103,11 +111,12 @@ class Connector(Protocol):
         by the connector), so the connector need not ask for them first."""
         ...
 
-    async def statement(self, query: str, **params: Any) -> Row | None:
+    async def statement(self, query: str, **params: Any) -> Values | None:
         """One named block as a write transaction of its own, durable on return; its
-        row answers `store_id` (checked by the connector, which passes its own as the
-        `store_id` parameter). None when this backend's block is empty: the caller then
-        does the same step by step in a write transaction."""
+        row's values, in the order of the block's columns (the receipt's: store/steps.py
+        RECEIPT_COLUMNS), whose `store_id` is checked by the connector, which passes its
+        own as the `store_id` parameter. None when this backend's block is empty: the
+        caller then does the same step by step in a write transaction."""
         ...
 
     async def read(self, operation: Operation[T]) -> T: ...

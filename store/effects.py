@@ -23,7 +23,7 @@ from core.send_deadline import in_flight_until
 from store.base import AdmissionInDoubt, CommitUnknown, StoreError, Tx
 from store.leases import mark_came_back
 from store.part import StorePart
-from store.reads import admission_records, lock_resource
+from store.reads import ADMISSION_NOW, admission_records, lock_resource
 from store.rows import effect_record
 from store.steps import apply_event, write_in_one_statement, writes_in_one_statement
 from store.types import CAME_BACK, Admitted, NewEffect, Receipt, UnknownKey
@@ -70,16 +70,17 @@ class Effects(StorePart):
         async def operation(tx: Tx) -> Admitted | Replay | Refusal | UnknownKey | _Refused:
             # One statement reads it all, under the resource's lock (a round trip
             # each is what a fenced request costs on PostgreSQL).
-            row = await tx.one(
+            values = await tx.values(
                 "admission_state",
                 token_hash=token_hash,
                 resource=new.resource,
                 key=new.idempotency_key,
             )
-            assert row is not None  # the query always answers one row
-            if row["now"] is not None:  # the time once the lock was held
-                tx.now = float(row["now"])
-            lease, state, existing = admission_records(row, new.resource, new.idempotency_key)
+            assert values is not None  # the query always answers one row
+            now = values[ADMISSION_NOW]
+            if now is not None:  # the time once the lock was held
+                tx.now = float(now)
+            lease, state, existing = admission_records(values, new.resource, new.idempotency_key)
             request = AdmissionRequest(
                 new.resource,
                 new.idempotency_key,

@@ -46,6 +46,7 @@ from store.base import (
     StoreUnavailable,
     T,
     Tx,
+    Values,
 )
 from store.failover import HistoryWatch
 from store.history import RecoveryWindow, Replication
@@ -109,7 +110,7 @@ class PostgresTx:
         conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
         queries: Queries,
         now: float,
-        identify: Callable[[Row], None] | None = None,
+        identify: Callable[[Any], None] | None = None,
     ) -> None:
         self._conn = conn
         self._queries = queries
@@ -121,14 +122,21 @@ class PostgresTx:
         sql, names = self._queries[query]
         return sql, [params[name] for name in names]
 
-    async def one(self, query: str, **params: Any) -> Row | None:
+    async def _first_row(self, query: str, params: dict[str, Any]) -> asyncpg.Record | None:
         sql, args = self._args(query, params)
         row = await self._conn.fetchrow(sql, *args)
-        found = dict(row) if row is not None else None
         if self._identify is not None:
             identify, self._identify = self._identify, None
-            identify(found or {})
-        return found
+            identify(None if row is None else row.get("store_id"))
+        return row
+
+    async def one(self, query: str, **params: Any) -> Row | None:
+        row = await self._first_row(query, params)
+        return dict(row) if row is not None else None
+
+    async def values(self, query: str, **params: Any) -> Values | None:
+        row = await self._first_row(query, params)
+        return tuple(row) if row is not None else None
 
     async def all(self, query: str, **params: Any) -> list[Row]:
         sql, args = self._args(query, params)
@@ -510,8 +518,8 @@ class PostgresConnector:
         )
         return self.lost
 
-    def _identify(self, row: Row) -> None:
-        found = row.get("store_id")
+    def _identify(self, found: Any) -> None:
+        """The store id the first row of an own_clock transaction answered."""
         if found != self.store_id:
             raise StoreUnavailable(self._lose(f"now {found}"))
 
@@ -521,11 +529,11 @@ class PostgresConnector:
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
 
-    async def statement(self, query: str, **params: Any) -> Row | None:
+    async def statement(self, query: str, **params: Any) -> Values | None:
         """One round trip: a single statement is a transaction of its own."""
 
-        async def operation(tx: Tx) -> Row | None:
-            return await tx.one(query, **params, store_id=self.store_id)
+        async def operation(tx: Tx) -> Values | None:
+            return await tx.values(query, **params, store_id=self.store_id)
 
         return await self._run(operation, readonly=False, own_clock=True, transaction=False)
 

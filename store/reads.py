@@ -7,11 +7,30 @@ from typing import Any
 
 from core.records import IdempotencyRecord, LeaseRecord, ResourceState
 from store import rows
-from store.base import Row, Tx
+from store.base import Row, Tx, Values
 
 
 def float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+# The columns of resource_state and admission_state, in the order both backends answer
+# them (store/sqlite.sql; store/postgres.sql, whose admission_state is the function
+# fenceproxy_admission_state of store/schema/postgresql.sql): their readers take them
+# by position. tests/integration/app/test_receipt_paths.py checks the order on both.
+RESOURCE_STATE_COLUMNS = ("resource", *rows.STATE_COLUMNS)
+ADMISSION_COLUMNS = (
+    "now",  # the time once the lock was held (NULL: the connector's own)
+    "store_id",
+    *(f"t_{name}" for name in rows.LEASE_COLUMNS),  # the token's lease
+    *rows.STATE_COLUMNS,  # its resource's
+    *(f"i_{name}" for name in rows.KEY_COLUMNS),  # the key's record
+)
+ADMISSION_NOW = ADMISSION_COLUMNS.index("now")
+_STATE_AT = RESOURCE_STATE_COLUMNS.index(rows.STATE_COLUMNS[0])
+_ADMISSION_LEASE_AT = ADMISSION_COLUMNS.index(f"t_{rows.LEASE_COLUMNS[0]}")
+_ADMISSION_STATE_AT = ADMISSION_COLUMNS.index(rows.STATE_COLUMNS[0])
+_ADMISSION_KEY_AT = ADMISSION_COLUMNS.index(f"i_{rows.KEY_COLUMNS[0]}")
 
 
 async def resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
@@ -21,29 +40,23 @@ async def resource_state(tx: Tx, resource: str, lock: bool) -> ResourceState:
     is one consistent view."""
     if lock:
         await lock_resource(tx, resource)
-    row = await tx.one("resource_state", resource=resource)
-    assert row is not None  # the query always answers one row
-    return rows.resource_state(row, resource)
+    values = await tx.values("resource_state", resource=resource)
+    assert values is not None  # the query always answers one row
+    return rows.resource_state(values, _STATE_AT, resource)
 
 
 def admission_records(
-    row: Row, resource: str, key: str | None
+    values: Values, resource: str, key: str | None
 ) -> tuple[LeaseRecord | None, ResourceState | None, IdempotencyRecord | None]:
     """The token's lease, and, for a token of this very resource, the resource's state
-    and the key's record, from admission_state's one row: its t_* columns are
-    lease_by_token's, its own resource_state's, its i_* idempotency_record's."""
-    if row["t_resource"] is None:
+    and the key's record, from admission_state's one row (ADMISSION_COLUMNS)."""
+    if values[_ADMISSION_LEASE_AT] is None:
         return None, None, None
-    lease = rows.lease_record({name: row[f"t_{name}"] for name in _LEASE_COLUMNS})
-    assert lease is not None
+    lease = rows.lease_at(values, _ADMISSION_LEASE_AT)
     if lease.resource != resource:
         return lease, None, None
-    state = rows.resource_state(row, resource)
-    existing = None
-    if row["i_effect_id"] is not None:
-        existing = rows.idempotency_record(
-            {"resource": resource, "key": key, **{name: row[f"i_{name}"] for name in _KEY_COLUMNS}}
-        )
+    state = rows.resource_state(values, _ADMISSION_STATE_AT, resource)
+    existing = rows.key_record(values, _ADMISSION_KEY_AT, resource, key)
     return tokens_lease(lease, state), state, existing
 
 
@@ -57,29 +70,6 @@ def tokens_lease(lease: LeaseRecord, state: ResourceState) -> LeaseRecord | None
     if state.epoch < lease.epoch:
         return None
     return lease
-
-
-_LEASE_COLUMNS = (
-    "resource",
-    "epoch",
-    "holder",
-    "granted_at",
-    "expires_at",
-    "ended_at",
-    "end_reason",
-    "client",
-)
-_KEY_COLUMNS = (
-    "fingerprint",
-    "effect_id",
-    "effect_state",
-    "epoch",
-    "expires_at",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "settled_by",
-)
 
 
 async def lock_resource(tx: Tx, resource: str) -> None:

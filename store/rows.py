@@ -1,12 +1,14 @@
 """Rows of the backends' named queries → the records of core/records.py.
 
-Both backends answer with the same column names (their SQL files share query names
-and result shapes), so one set of mappers serves both.
+Both backends answer with the same columns (their SQL files share query names and
+result shapes), so one set of mappers serves both. The rows an admission reads are
+read by position (store/base.py `Values`), without a dict per row.
 """
 
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 
 from core.records import (
     EffectRecord,
@@ -17,66 +19,121 @@ from core.records import (
     ResourceState,
     StoredResponse,
 )
-from store.base import Row
+from store.base import Row, Values
+
+# The columns the positional readers below read, in this order: a lease's
+# (lease_by_token's; admission_state's t_*), a resource's state (resource_state's after
+# its `resource`; admission_state's, between its t_* and i_*) and a key's record
+# (admission_state's i_*). store/reads.py names whole rows with them.
+LEASE_COLUMNS = (
+    "resource",
+    "epoch",
+    "holder",
+    "granted_at",
+    "expires_at",
+    "ended_at",
+    "end_reason",
+    "client",
+)
+STATE_COLUMNS = (
+    "epoch",
+    "epoch_floor",
+    "holder",
+    "granted_at",
+    "expires_at",
+    "ended_at",
+    "end_reason",
+    "client",
+    "open_effects",
+)
+KEY_COLUMNS = (
+    "fingerprint",
+    "effect_id",
+    "effect_state",
+    "epoch",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "settled_by",
+)
+_lease_values = itemgetter(*LEASE_COLUMNS)
 
 
 def lease_record(row: Row | None) -> LeaseRecord | None:
     if row is None:
         return None
+    return lease_at(_lease_values(row), 0)
+
+
+def lease_at(values: Values, at: int) -> LeaseRecord:
+    """The lease whose LEASE_COLUMNS start at values[at]."""
+    resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client = values[
+        at : at + len(LEASE_COLUMNS)
+    ]
     return LeaseRecord(
-        resource=row["resource"],
-        epoch=int(row["epoch"]),
-        holder=row["holder"],
-        granted_at=float(row["granted_at"]),
-        expires_at=float(row["expires_at"]),
-        ended_at=row["ended_at"],
-        end_reason=row["end_reason"],
-        client=row["client"],
+        resource=resource,
+        epoch=int(epoch),
+        holder=holder,
+        granted_at=float(granted_at),
+        expires_at=float(expires_at),
+        ended_at=ended_at,
+        end_reason=end_reason,
+        client=client,
     )
 
 
-def resource_state(row: Row, resource: str) -> ResourceState:
-    """The columns resource_state and admission_state share: the highest epoch issued
-    (NULL or 0: never), the lease granted at it (NULL holder: none), the epoch floor, and
-    `open_effects`, the resource's BLOCKING effects in admission order as a JSON array
-    of [id, state, epoch, idempotency_key, fingerprint] (one column, not a query of its
-    own: a round trip fewer)."""
+def resource_state(values: Values, at: int, resource: str) -> ResourceState:
+    """The resource's state from its STATE_COLUMNS, which start at values[at]: the
+    highest epoch issued (NULL or 0: never), the epoch floor, the lease granted at that
+    epoch (NULL holder: none), and `open_effects`, the resource's BLOCKING effects in
+    admission order as a JSON array of [id, state, epoch, idempotency_key, fingerprint]
+    (one column, not a query of its own: a round trip fewer)."""
+    epoch, epoch_floor, holder, granted_at, expires_at, ended_at, end_reason, client, effects = (
+        values[at : at + len(STATE_COLUMNS)]
+    )
+    lease = None
+    if holder is not None:
+        lease = lease_at(
+            (resource, epoch, holder, granted_at, expires_at, ended_at, end_reason, client), 0
+        )
     return ResourceState(
         resource=resource,
-        epoch=int(row["epoch"] or 0),
-        lease=lease_record({**row, "resource": resource}) if row["holder"] is not None else None,
+        epoch=int(epoch or 0),
+        lease=lease,
         open_effects=tuple(
             OpenEffect(
                 id=effect_id,
                 state=EffectState(state),
-                epoch=int(epoch),
+                epoch=int(effect_epoch),
                 idempotency_key=key,
                 fingerprint=fingerprint,
             )
-            for effect_id, state, epoch, key, fingerprint in json.loads(row["open_effects"])
+            for effect_id, state, effect_epoch, key, fingerprint in json.loads(effects)
         ),
-        epoch_floor=int(row["epoch_floor"] or 0),
+        epoch_floor=int(epoch_floor or 0),
     )
 
 
-def idempotency_record(row: Row | None) -> IdempotencyRecord | None:
-    if row is None:
+def key_record(values: Values, at: int, resource: str, key: str | None) -> IdempotencyRecord | None:
+    """The record of `key` under `resource` from its KEY_COLUMNS, which start at
+    values[at]; None: the key has none (NULL effect_id)."""
+    fingerprint, effect_id, effect_state, epoch, expires_at, status, meta, body, settled_by = (
+        values[at : at + len(KEY_COLUMNS)]
+    )
+    if effect_id is None:
         return None
-    response = None
-    if row["response_status"] is not None:
-        response = stored_response(
-            int(row["response_status"]), row["response_headers"], bytes(row["response_body"] or b"")
-        )
+    assert key is not None  # no record joins a NULL key
     return IdempotencyRecord(
-        resource=row["resource"],
-        key=row["key"],
-        fingerprint=row["fingerprint"],
-        effect_id=row["effect_id"],
-        effect_state=EffectState(row["effect_state"]),
-        epoch=int(row["epoch"]),
-        expires_at=float(row["expires_at"]) if row["expires_at"] is not None else None,
-        response=response,
-        settled_by=row["settled_by"],
+        resource=resource,
+        key=key,
+        fingerprint=fingerprint,
+        effect_id=effect_id,
+        effect_state=EffectState(effect_state),
+        epoch=int(epoch),
+        expires_at=float(expires_at) if expires_at is not None else None,
+        response=None if status is None else stored_response(int(status), meta, bytes(body or b"")),
+        settled_by=settled_by,
     )
 
 

@@ -57,6 +57,7 @@ from store.base import (
     StoreUnavailable,
     T,
     Tx,
+    Values,
 )
 from store.history import RecoveryWindow, Replication
 from store.queries import load_queries
@@ -119,6 +120,13 @@ class SQLiteTx:
     async def one(self, query: str, **params: Any) -> Row | None:
         rows = await self.all(query, **params)
         return rows[0] if rows else None
+
+    async def values(self, query: str, **params: Any) -> Values | None:
+        last = self._all_but_last(query, params)
+        if last is None:
+            return None
+        found: Values | None = self._conn.execute(last, params).fetchone()
+        return found
 
     async def all(self, query: str, **params: Any) -> list[Row]:
         last = self._all_but_last(query, params)
@@ -483,17 +491,18 @@ class SQLiteConnector:
             raise StoreUnavailable(self.lost)
         return await self._writes.submit(operation)
 
-    async def statement(self, query: str, **params: Any) -> Row | None:
+    async def statement(self, query: str, **params: Any) -> Values | None:
         """A block as a write transaction of its own, at the transaction's time (`now`):
-        its first statement decides, the rest run only if it changed a row. Its row
-        answers `now` and whether it was `applied` (no store id to check here: the
-        file's identity is, after the COMMIT). None for an empty block."""
+        its first statement decides, the rest run only if it changed a row. Its row is
+        PostgreSQL's receipt's (store_id, now, applied): no store id (the file's
+        identity is checked instead, after the COMMIT), the time, and whether it was
+        applied. None for an empty block."""
         if not self._queries[query]:
             return None
 
-        async def operation(tx: Tx) -> Row:
+        async def operation(tx: Tx) -> Values:
             assert isinstance(tx, SQLiteTx)  # this connector's
-            return {"now": tx.now, "applied": tx.guarded(query, {**params, "now": tx.now})}
+            return None, tx.now, tx.guarded(query, {**params, "now": tx.now})
 
         return await self.write(operation)
 

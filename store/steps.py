@@ -21,6 +21,12 @@ from store.reads import locked_effect
 from store.rows import effect_record, response_meta
 from store.types import DEFAULT_RETAIN_S
 
+# The `receipt` block's columns, in order (store/schema/postgresql.sql's
+# fenceproxy_receipt; SQLite's connector answers the same): read by position.
+RECEIPT_COLUMNS = ("store_id", "now", "applied")
+RECEIPT_NOW = RECEIPT_COLUMNS.index("now")
+RECEIPT_APPLIED = RECEIPT_COLUMNS.index("applied")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -128,7 +134,7 @@ async def write_in_one_statement(
     `apply_event`."""
     assert writes_in_one_statement(plan)
     kept = plan.response
-    row = await connector.statement(
+    values = await connector.statement(
         "receipt",
         id=before.id,
         resource=before.resource,
@@ -150,9 +156,9 @@ async def write_in_one_statement(
         actor=actor,
         conclusion=plan.history,
     )
-    if row is None or not row["applied"]:
+    if values is None or not values[RECEIPT_APPLIED]:
         return None
-    return float(row["now"])
+    return float(values[RECEIPT_NOW])
 
 
 async def _write_key(tx: Tx, effect: EffectRecord, row: Row, plan: Plan) -> None:

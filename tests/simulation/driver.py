@@ -57,7 +57,7 @@ from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
-from store.base import Connector, Operation, Row, SchemaOperation, T, Tx
+from store.base import Connector, Operation, Row, SchemaOperation, T, Tx, Values
 from store.history import RecoveryWindow, Replication
 from tests.simulation.tables import EventRow, Moment, moment_of
 
@@ -225,6 +225,11 @@ class _AfterFirstStatement:
         await self._then()
         return row
 
+    async def values(self, query: str, **params: Any) -> Values | None:
+        found = await self._tx.values(query, **params)
+        await self._then()
+        return found
+
     async def all(self, query: str, **params: Any) -> list[Row]:
         rows = await self._tx.all(query, **params)
         await self._then()
@@ -299,7 +304,7 @@ class MidRead:
     async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
         return await self._inner.write(operation, own_clock)
 
-    async def statement(self, query: str, **params: Any) -> Row | None:
+    async def statement(self, query: str, **params: Any) -> Values | None:
         return await self._inner.statement(query, **params)
 
     async def read(self, operation: Operation[T]) -> T:

@@ -3,10 +3,14 @@ tells head bytes from body bytes across pipelined requests."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from core.codes import ErrorCode
-from core.request_heads import HeadCounter, HeadLimits
+from core.request_heads import ONCE_ONLY_FIELDS, HeadCounter, HeadLimits
 
 LIMITS = HeadLimits(request_line=100, header_lines=4, header_bytes=200)
 HEAD = b"POST /orders HTTP/1.1\r\nHost: p\r\n"
@@ -113,6 +117,19 @@ def test_empty_lines_before_a_request_line_start_no_head() -> None:
     assert counter.heads_completed == 0
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: 5" + b" " * 300, b"Transfer-Encoding: chunked" + b" " * 300],
+)
+def test_a_framing_line_too_long_to_read_counts_what_follows_as_head(framing: bytes) -> None:
+    limits = HeadLimits(request_line=100, header_lines=4, header_bytes=400)
+    stream = HEAD + framing + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n"
+    for pieces in ([stream], [stream[i : i + 1] for i in range(len(stream))]):
+        counter, verdict = fed(*pieces, limits=limits)
+        assert verdict is None
+        assert counter.heads_completed == 1
+
+
 TOO_LARGE = ErrorCode.HEADERS_TOO_LARGE
 TOO_LONG = ErrorCode.URI_TOO_LONG
 # Each stream with its verdict and the heads it completes, under LIMITS (a request line
@@ -187,3 +204,114 @@ def test_other_repeated_fields_pass() -> None:
 def test_two_content_lengths_are_refused_as_a_repeated_field() -> None:
     _, verdict = fed(HEAD + b"Content-Length: 5000\r\nContent-Length: 5000\r\n\r\n")
     assert verdict == ErrorCode.INVALID_REQUEST
+
+
+# -- the fast path against the line-by-line count ------------------------------------
+#
+# A head that arrives whole takes `_whole_head`, one scan of it; fed a byte at a time,
+# every head takes the line-by-line count (no single byte holds a head's end), which
+# reads each line as it ends: the reference. Both must agree on any stream: its
+# verdict, the heads it completes, and the method the refusal answers.
+
+ONCE_ONLY_NAMES = sorted(name.decode() for name in ONCE_ONLY_FIELDS)
+line_end = st.sampled_from(["\r\n"] * 8 + ["\n", "\r\r\n"])
+
+
+@st.composite
+def spelled(draw: st.DrawFn, name: str) -> str:
+    """`name` in any case."""
+    flips = draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
+    return "".join(c.upper() if flip else c for c, flip in zip(name, flips, strict=True))
+
+
+blank = st.text(alphabet=" \t", max_size=3) | st.sampled_from([" " * 120, "\t" * 250])
+header_name = st.one_of(
+    st.sampled_from(ONCE_ONLY_NAMES).flatmap(spelled),
+    st.sampled_from(["Content-Lengthy", "Transfer-Encodingx", "X-A", "Accept"]).flatmap(spelled),
+)
+header_value = st.one_of(
+    st.integers(0, 40).map(str),
+    st.sampled_from(["chunked", "gzip, chunked", "abc", "5x", "+5", "0x1f", ""]),
+    st.text(alphabet="ab:\r", max_size=8),
+    st.integers(240, 300).map(lambda n: "v" * n),  # past the kept start of a line
+)
+
+
+@st.composite
+def header_line(draw: st.DrawFn) -> str:
+    kind = draw(st.sampled_from(["field"] * 6 + ["folded", "no colon", "crs"]))
+    if kind == "folded":
+        return draw(st.sampled_from([" ", "\t"])) + draw(header_value) + draw(line_end)
+    if kind == "no colon":
+        return draw(header_name) + draw(line_end)
+    if kind == "crs":
+        return "\r" * draw(st.integers(1, 2)) + draw(line_end)
+    before_colon = draw(st.sampled_from(["", "", "", " "]))
+    value = draw(blank) + draw(header_value) + draw(blank)
+    return draw(header_name) + before_colon + ":" + value + draw(line_end)
+
+
+@st.composite
+def request(draw: st.DrawFn) -> bytes:
+    empty_lines = "".join(draw(st.lists(st.sampled_from(["\r\n", "\n"]), max_size=2)))
+    method = draw(st.sampled_from(["GET", "HEAD", "POST", "put"]))
+    target = "/" + "t" * draw(st.integers(0, 40))
+    lines = "".join(draw(st.lists(header_line(), max_size=8)))
+    head = f"{empty_lines}{method} {target} HTTP/1.1{draw(line_end)}{lines}{draw(line_end)}"
+    body = "b" * draw(st.integers(0, 45))
+    return (head + body).encode("latin-1")
+
+
+GENEROUS = HeadLimits(request_line=80, header_lines=12, header_bytes=2000)
+limits = st.one_of(
+    st.just(GENEROUS),
+    st.builds(
+        HeadLimits,
+        request_line=st.integers(15, 80),
+        header_lines=st.integers(1, 10),
+        header_bytes=st.integers(20, 1200),
+    ),
+)
+LAST = b"HEAD /last HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+def _outcome(counter: HeadCounter, verdict: ErrorCode | None) -> tuple[object, ...]:
+    return verdict, counter.heads_completed, counter.method
+
+
+@settings(max_examples=500, deadline=None)
+@given(requests=st.lists(request(), min_size=1, max_size=3), limits=limits, cuts=st.data())
+@example(  # a line of CRs ends a head
+    requests=[b"GET / HTTP/1.1\r\nHost: h\r\n\r\r\nX-A: 1\r\n\r\n"], limits=GENEROUS, cuts=None
+)
+@example(requests=[b"\r\r\nGET / HTTP/1.1\r\n\r\n"], limits=GENEROUS, cuts=None)
+@example(  # a folded line may continue Content-Length
+    requests=[b"POST / HTTP/1.1\r\nContent-Length: 5\r\n 6\r\n\r\nbbbbb"],
+    limits=GENEROUS,
+    cuts=None,
+)
+@example(  # a long line whose name starts with content-length leaves the framing unclear
+    requests=[b"POST / HTTP/1.1\r\nContent-Lengthy: " + b"v" * 250 + b"\r\n\r\nbbbbb"],
+    limits=GENEROUS,
+    cuts=None,
+)
+@example(
+    requests=[b"POST / HTTP/1.1\r\nContent-Length: 5" + b" " * 250 + b"\r\n\r\nbbbbb"],
+    limits=GENEROUS,
+    cuts=None,
+)
+def test_the_fast_path_agrees_with_the_line_by_line_count(
+    requests: list[bytes], limits: HeadLimits, cuts: st.DataObject | None
+) -> None:
+    """Request after request, each whole or cut anywhere (`cuts`), then a last one."""
+    fast = HeadCounter(limits)
+    slow = HeadCounter(limits)
+    for stream in [*requests, LAST]:
+        at = sorted(cuts.draw(st.lists(st.integers(0, len(stream)), max_size=2))) if cuts else []
+        bounds = [0, *at, len(stream)]
+        fast_verdict = slow_verdict = None
+        for a, b in itertools.pairwise(bounds):
+            fast_verdict = fast.feed(stream[a:b])
+        for i in range(len(stream)):
+            slow_verdict = slow.feed(stream[i : i + 1])
+        assert _outcome(fast, fast_verdict) == _outcome(slow, slow_verdict), stream

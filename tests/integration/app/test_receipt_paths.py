@@ -22,8 +22,19 @@ from core.lifecycle import Event
 from core.records import EffectRecord, EffectState, StoredResponse
 from store import Admitted, NewEffect, Receipt, Store
 from store.base import Tx
-from store.reads import admission_records, resource_state
-from store.steps import writes_in_one_statement
+from store.postgres import PostgresConnector
+from store.reads import (
+    ADMISSION_COLUMNS,
+    RESOURCE_STATE_COLUMNS,
+    admission_records,
+    resource_state,
+)
+from store.steps import (
+    RECEIPT_APPLIED,
+    RECEIPT_COLUMNS,
+    RECEIPT_NOW,
+    writes_in_one_statement,
+)
 from tests.integration.app import backends
 from tests.integration.app.conftest import FakeClock
 from tests.integration.app.test_store_contract import granted, new_token_hash, running_store
@@ -162,10 +173,11 @@ async def _receive(store: Store, case: Case) -> None:
     statement = store.connector.statement
 
     async def watched(query: str, **params: Any) -> Any:
-        row = await statement(query, **params)
-        assert row is not None  # both backends have the block
-        blocks.append(bool(row["applied"]))
-        return row
+        values = await statement(query, **params)
+        assert values is not None  # both backends have the block
+        assert len(values) == len(RECEIPT_COLUMNS)
+        blocks.append(bool(values[RECEIPT_APPLIED]))
+        return values
 
     store.connector.statement = watched  # type: ignore[method-assign]
     try:
@@ -238,14 +250,17 @@ async def _same_state_for_every_reader(store: Store, case: Case) -> None:
 
     async def operation(tx: Tx) -> None:
         by_lease_calls = await resource_state(tx, case.resource, lock=True)
+        named = await tx.one("resource_state", resource=case.resource)
+        assert named is not None and tuple(named) == RESOURCE_STATE_COLUMNS
         row = await tx.one(
             "admission_state",
             token_hash=case.token_hash,
             resource=case.resource,
             key=case.world.key,
         )
-        assert row is not None
-        lease, state, _ = admission_records(row, case.resource, case.world.key)
+        # The reader takes the row by position: the backend answers its columns in order.
+        assert row is not None and tuple(row) == ADMISSION_COLUMNS
+        lease, state, _ = admission_records(tuple(row.values()), case.resource, case.world.key)
         assert state == by_lease_calls
         assert lease is not None and lease == by_lease_calls.lease
 
@@ -304,6 +319,48 @@ async def test_both_writers_of_every_receipts_plan_leave_the_same_rows(
         "one statement"
     ]
     assert covered["declined"]
+
+
+async def test_the_receipt_block_answers_the_columns_its_reader_takes_by_position(
+    store_url: str, clock: FakeClock
+) -> None:
+    """store/steps.py reads the receipt's row by position (RECEIPT_COLUMNS): a receipt
+    for an effect that is not there writes nothing, and answers the time and so."""
+    params: dict[str, Any] = {
+        "id": "eff_none",
+        "resource": "r",
+        "expected": EffectState.DISPATCHING.value,
+        "state": EffectState.COMMITTED.value,
+        "upstream_status": 201,
+        "reason": None,
+        "probe_now": False,
+        "key_action": lifecycle.Key.KEEP.name.lower(),
+        "idempotency_key": None,
+        "fingerprint": "fp",
+        "epoch": 1,
+        "default_retain_s": 60.0,
+        "status": None,
+        "headers": None,
+        "body": None,
+        "key_settled_by": None,
+        "kind": "receipt",
+        "actor": "test",
+        "conclusion": None,
+    }
+    async with running_store(store_url, clock) as store:
+        values = await store.connector.statement("receipt", **params)
+        assert values is not None and len(values) == len(RECEIPT_COLUMNS)
+        assert values[RECEIPT_APPLIED] is False
+        assert isinstance(values[RECEIPT_NOW], float)
+        connector = store.connector
+        if isinstance(connector, PostgresConnector):  # its block names the columns too
+            store_id = connector.store_id
+
+            async def named(tx: Tx) -> Any:
+                return await tx.one("receipt", **params, store_id=store_id)
+
+            row = await connector.write(named)
+            assert tuple(row) == RECEIPT_COLUMNS and row["store_id"] == store_id
 
 
 def test_only_a_receipts_plan_is_written_in_one_statement() -> None:
