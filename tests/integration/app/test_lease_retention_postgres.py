@@ -94,3 +94,22 @@ async def test_a_lease_collected_while_its_holder_waited_for_the_lock_is_no_leas
     assert refused.code == "invalid_token", refused
     again = granted(await store.acquire("r:a", "worker-b", 30, new_token_hash()))
     assert again.epoch > lease.epoch
+
+
+async def test_an_acquire_that_waited_for_the_lock_while_the_name_was_collected_starts_above_it(
+    store: Store, store_url: str
+) -> None:
+    """One order of test_lease_retention.py's acquires racing the collector, made exact:
+    the collector took the name's lock first, and another replica's acquire waited for
+    it while the lease and the row went and the floor rose. The acquire finds no row
+    once it holds the lock, and starts above the floor the deletion raised."""
+    token = new_token_hash()
+    lease = granted(await store.acquire("r:a", "worker-a", 30, token))
+    assert not isinstance(await store.release(token), Refusal)
+
+    async def acquired_epoch() -> int:
+        return granted(await store.acquire("r:a", "worker-b", 30, new_token_hash())).epoch
+
+    epoch = await collected_while_waiting(store_url, "r:a", acquired_epoch)
+
+    assert isinstance(epoch, int) and epoch > lease.epoch, epoch
