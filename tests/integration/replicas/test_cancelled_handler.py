@@ -121,6 +121,9 @@ async def test_a_replica_stopped_after_its_handler_was_cancelled_keeps_the_resou
         assert (receipt["state"], receipt["settled_by"]) == ("COMMITTED", "probe"), receipt
 
 
+LEASE_TTL_S = 120
+
+
 async def blocked_until_settled(
     api: Api, b: Proxy, sku: str, effect_id: str, first_token: str, k1: str, k2: str
 ) -> None:
@@ -135,9 +138,14 @@ async def blocked_until_settled(
     async def granted() -> bool:
         nonlocal blocked
         state = (await api.effect(b, effect_id))["state"]
-        second = await api.acquire(b, resource_of(sku), "worker-2", ttl_s=120)
+        second = await api.acquire(b, resource_of(sku), "worker-2", ttl_s=LEASE_TTL_S)
         if second.status == 201:
-            assert state == "COMMITTED", (state, second)
+            # Read again: B's prober may have settled it between the read above and the
+            # grant. Settled before the grant, by the store's own clock, not just by now.
+            settled = await api.effect(b, effect_id)
+            granted_at = second.body["expires_at"] - LEASE_TTL_S
+            assert settled["state"] == "COMMITTED", (settled, second)
+            assert settled["finished_at"] <= granted_at + 1e-6, (settled, second)
             assert second.body["epoch"] == 2, second
             written = await api.place_order(b, sku, second.body["token"], k2)
             assert written.status == 201, written
