@@ -46,11 +46,13 @@ async def _get(fence: Fence, path: str) -> Json:
 
 
 async def _status_with_a_replica(fence: Fence) -> Json:
-    """The status once this instance's reconciler wrote its row (its first round)."""
+    """The status once this instance's reconciler wrote its row in its first round. The
+    row is there before that (the release check at start writes it, with no sweep yet),
+    so a row alone is not the round's."""
     deadline = time.monotonic() + WAIT_S
     while True:
         status = await _get(fence, STATUS)
-        if status["replicas"]:
+        if any(replica["last_sweep_at"] is not None for replica in status["replicas"]):
             return status
         assert time.monotonic() < deadline, status
         await asyncio.sleep(POLL_S)
