@@ -564,7 +564,10 @@ async def test_concurrent_sweeps_record_one_recovery(pg_url: str, fleet: Fleet) 
         holder = await asyncpg.connect(pg_url)
         watcher = await asyncpg.connect(pg_url)
         try:
-            _, _, effect = await kill_mid_flight(api, r0, victim, "sweep", delay_ms=500)
+            # Held 2 s: the victim must be killed before the upstream answers it, and
+            # the test sees the write arrive, reads the effect, then kills, all polled.
+            # Past the victim's 1 s timeout: only a victim not killed would see it end.
+            _, _, effect = await kill_mid_flight(api, r0, victim, "sweep", delay_ms=2000)
             async with holder.transaction():
                 await holder.execute("SELECT 1 FROM effects WHERE id = $1 FOR UPDATE", effect["id"])
                 ghost = f"eff_ghost_{uuid.uuid4().hex}"
