@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -29,12 +30,23 @@ DEFAULT_TAIL_LINES = 40
 _direct_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+# The ports `free_port` handed out lately. A port is free again once its socket here is
+# closed, and the kernel may hand the same one out for the next call, before the child
+# given the first has bound it (a fleet writes every replica's config, then starts them
+# all): two children would then race for one port, and one would fail to start.
+_HANDED_OUT: deque[int] = deque(maxlen=4096)
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, and not one this process
+    handed out lately (whose child may not have bound it yet)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 class ProcessFailed(RuntimeError):

@@ -49,13 +49,17 @@ async def test_a_lease_left_to_expire_cancels_the_block_without_renewal(stack: S
 
 async def test_the_callers_own_cancellation_is_not_turned_into_lease_lost(stack: Stack) -> None:
     async with AsyncFenceClient(stack.proxy_url, timeout_s=5.0) as client:
+        inside = asyncio.Event()
 
         async def work() -> None:
             async with client.lease(RESOURCE, "worker-a", ttl_s=10, cancel_on_lost=True):
+                inside.set()
                 await asyncio.sleep(WAIT_S)
 
         task = asyncio.create_task(work())
-        await asyncio.sleep(0.2)
+        # Inside the block, not during the grant: a grant the client never read would
+        # hold the lease with nobody to release it.
+        await asyncio.wait_for(inside.wait(), WAIT_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

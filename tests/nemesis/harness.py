@@ -65,11 +65,16 @@ OPERATOR_EVERY_S = 1.0
 # How long the nemesis waits for the transaction a relay fault is armed for.
 RELAY_WAIT_S = 3.0
 # The `cancelled` fault: the replica's stop grace, shorter than the slow write's delay,
-# which is shorter than the upstream timeout, so the grace ends while the write waits on
-# the upstream (the nemesis polls the upstream's records every POLL_S before its SIGTERM).
-CANCEL_GRACE_S = 0.1
-SLOW_WRITE_MS = 400
-POLL_S = 0.02
+# which is shorter than the upstream timeout (an upstream that applies a write after the
+# timeout and the settle window would make the probe's "not committed" untrue), so the
+# grace ends while the write waits on the upstream. What is left of the delay once the
+# nemesis has seen the write arrive (polling every POLL_S) and sent its SIGTERM is the
+# margin the replica has to end its grace and cancel the handler: about 0.4 s. A loaded
+# machine can still miss it (the upstream answers first and the replica stops
+# normally): the fault is then armed again, while the run lasts.
+CANCEL_GRACE_S = 0.02
+SLOW_WRITE_MS = 450
+POLL_S = 0.01
 # How long it waits for a worker's write made slow to reach the upstream (a write refused
 # before it is sent never does: another is made slow), for the replica to stop itself
 # once told to stop, and for it to exit once continued.
@@ -252,28 +257,18 @@ class Cluster:
         the upstream has that write: the grace ends mid-dispatch, the handler is
         cancelled and the replica stops itself before its receipt. Continued after
         `hold_s` (or at the run's deadline), it finishes stopping and is started again
-        as it was."""
-        self.replicas[index].process.terminate()
-        await self.restart(
-            index,
-            {failpoints.ENV: f"{failpoints.CANCELLED}:once"},
-            ("--grace", str(CANCEL_GRACE_S)),
-        )
-        proxy = self.replicas[index]
+        as it was. A replica that stopped without reaching `cancelled` is cut off again,
+        until the run's deadline."""
         try:
-            key = await self._slow_write_upstream(index, deadline)
-            if key is None:
-                history.note(f"NEMESIS r{index}: no write made slow reached the upstream")
+            while time.monotonic() < deadline:
+                reached = await self._cut_off(index, deadline, history)
+                if reached is None:
+                    return
+                if reached:
+                    break
+            else:
                 return
-            os.kill(proxy.process.pid, signal.SIGTERM)  # not waited for: it stops on the way
-            history.note(f"NEMESIS r{index} told to stop, {key} upstream")
-            await _poll_until(
-                lambda: proxy.process.is_stopped() or not proxy.process.is_running(),
-                STOPPING_WAIT_S,
-            )
-            if not proxy.process.is_stopped():
-                history.note(f"NEMESIS r{index} stopped without reaching cancelled")
-                return
+            proxy = self.replicas[index]
             held = max(0.0, min(hold_s, deadline - time.monotonic()))
             history.stops[failpoints.CANCELLED] += 1
             history.note(f"NEMESIS r{index} stopped itself at cancelled; held {held:.2f} s")
@@ -286,9 +281,34 @@ class Cluster:
         finally:
             self.slow_next.discard(index)
             self.slowed.pop(index, None)
-            proxy.process.terminate()  # already exited, but for a replica that never stopped
+            self.replicas[index].process.terminate()  # exited, unless it never stopped
             await self.restart(index)
             history.note(f"NEMESIS r{index} ready again")
+
+    async def _cut_off(self, index: int, deadline: float, history: History) -> bool | None:
+        """One attempt of `cancel_in_flight`'s cut-off: whether the replica stopped itself
+        at `cancelled` (None: no write made slow reached the upstream in time)."""
+        self.replicas[index].process.terminate()
+        await self.restart(
+            index,
+            {failpoints.ENV: f"{failpoints.CANCELLED}:once"},
+            ("--grace", str(CANCEL_GRACE_S)),
+        )
+        proxy = self.replicas[index]
+        key = await self._slow_write_upstream(index, deadline)
+        if key is None:
+            history.note(f"NEMESIS r{index}: no write made slow reached the upstream")
+            return None
+        os.kill(proxy.process.pid, signal.SIGTERM)  # not waited for: it stops on the way
+        history.note(f"NEMESIS r{index} told to stop, {key} upstream")
+        await _poll_until(
+            lambda: proxy.process.is_stopped() or not proxy.process.is_running(),
+            STOPPING_WAIT_S,
+        )
+        if proxy.process.is_stopped():
+            return True
+        history.note(f"NEMESIS r{index} stopped without reaching cancelled")
+        return False
 
     async def _slow_write_upstream(self, index: int, deadline: float) -> str | None:
         """The key of a worker's write to replica `index`, made slow, once the upstream

@@ -290,8 +290,12 @@ class _Link:
             (length,) = struct.unpack("!i", head)
             body = await self.reader.readexactly(length - 4)
             message = kind + head + body
-            if kind == b"Q" and await self._on_query(_text(body), message):
-                return
+            if kind == b"Q":
+                acted = await self._on_query(_text(body), message)
+                if acted is not None:
+                    if acted:
+                        return
+                    continue  # the fault forwarded this COMMIT itself: not a second time
             if kind == b"P":
                 name, _, rest = body.partition(b"\0")
                 self._said(_text(rest))
@@ -316,24 +320,25 @@ class _Link:
             self.up_writer.write(chunk)
             await self.up_writer.drain()
 
-    async def _on_query(self, text: str, message: bytes) -> bool:
-        """A simple query; True when a fault ended the connection."""
+    async def _on_query(self, text: str, message: bytes) -> bool | None:
+        """A simple query; None when no fault took it (it is forwarded as it is), else
+        whether the fault ended the connection (a fault that did not forwarded it)."""
         # One message may hold several statements ("BEGIN; SELECT ...", "SELECT ...;
         # COMMIT"): a transaction begins with its first and ends with its last.
         words = [part.split(None, 1)[0].upper() for part in text.split(";") if part.strip()]
         if words and words[0] in ("BEGIN", "START"):
             self.transaction = [text]
-            return False
+            return None
         if "ROLLBACK" in words or "ABORT" in words:
             self.transaction = None
-            return False
+            return None
         if not words or words[-1] not in ("COMMIT", "END") or self.transaction is None:
             self._said(text)
-            return False
+            return None
         statements, self.transaction = "\n".join(self.transaction), None
         fault = self.relay.take_fault(statements)
         if fault is None:
-            return False
+            return None
         fault.report = Report(fault.action, transaction=statements)
         if fault.blackhole_after:
             self.relay.flowing.clear()  # this link's own COMMIT is forwarded regardless

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from tests import pg
-from tests.nemesis.pgrelay import PgRelay
+from tests.nemesis.pgrelay import Action, PgRelay
 
 pg_url = pg.database_fixture()
 LOST = (
@@ -142,6 +142,29 @@ async def test_hold_delivers_the_answer_late(pg_url: str, relay: PgRelay) -> Non
     finally:
         await conn.close()
     assert fault.report is not None and fault.report.delivered_answer
+    assert await _rows(pg_url) == [1]
+
+
+@pytest.mark.parametrize("action", ["pass", "hold"])
+async def test_a_commit_passed_on_by_a_fault_reaches_the_server_once(
+    pg_url: str, relay: PgRelay, action: Action
+) -> None:
+    """The COMMIT a `pass` or `hold` fault forwarded is not forwarded again: a second
+    one would be answered too (a warning, no transaction in progress), an answer the
+    client never asked for. The server answers in order, so by the answer to the next
+    query the client has heard any warning."""
+    await _table(pg_url)
+    fault = relay.arm(action, match="INSERT INTO marks", delay_s=0.1)
+    conn = await asyncpg.connect(relay.url(pg_url))
+    heard: list[str] = []
+    conn.add_log_listener(lambda _conn, message: heard.append(message.message))
+    try:
+        await _insert(conn, 1)
+        assert await conn.fetchval("SELECT 2") == 2
+    finally:
+        await conn.close()
+    assert fault.wait(5.0) and fault.report is not None and fault.report.delivered_answer
+    assert heard == []
     assert await _rows(pg_url) == [1]
 
 

@@ -181,8 +181,9 @@ async def test_status_after_commit_answers_an_untrue_error_for_a_stored_write(
 
 
 async def test_answer_delay_holds_the_answer_of_a_write_already_stored(client: Client) -> None:
+    # Held long enough that a loaded machine sees the write stored before the answer goes.
     answer = asyncio.ensure_future(
-        client.post("/orders/widget", json={}, headers={"Demo-Answer-Delay-Ms": "300"})
+        client.post("/orders/widget", json={}, headers={"Demo-Answer-Delay-Ms": "1500"})
     )
     deadline = asyncio.get_running_loop().time() + 5
     while (await effects(client))["orders"] == 0:

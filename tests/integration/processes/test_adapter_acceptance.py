@@ -25,7 +25,9 @@ from tests.integration.processes.conftest import (
 RULE_ID = "checkout"
 RESOURCE = f"rule:{RULE_ID}"
 PATH = f"/rules/{RULE_ID}"
-A_TTL_S = 2.5
+# A's lease: B, a new Python process started once A is stopped, must be refused at least
+# once while it is live. At load 7, B's first ask came 0.5 to 1.2 s into a 2.5 s lease.
+A_TTL_S = 4.0
 B_TTL_S = 10.0
 EVENT_TIMEOUT_S = 15.0
 RULE_A = {"target": "pool-a", "by": "worker-a"}

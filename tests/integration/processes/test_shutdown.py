@@ -25,8 +25,13 @@ from tests.integration.processes.conftest import (
     wait_until,
 )
 
-IN_FLIGHT_MS = 1200
-GRACE_S = 5.0
+# The write SIGTERM finds in flight: the listener must be closed and seen refusing a
+# connection before it ends (seconds to spare on a loaded machine), and the grace must
+# outlast it, with room to tell an exit after the write from one after the grace.
+IN_FLIGHT_MS = 3000
+IN_FLIGHT_TIMEOUT_S = 5.0
+GRACE_S = 8.0
+LISTENER_CLOSED_WITHIN_S = 2.0
 
 
 def new_key(label: str) -> str:
@@ -41,18 +46,18 @@ def wait_received(stack: Stack, count: int) -> None:
     )
 
 
-@pytest.mark.fence_stack(upstream_timeout_s=2.0, grace_s=GRACE_S)
+@pytest.mark.fence_stack(upstream_timeout_s=IN_FLIGHT_TIMEOUT_S, grace_s=GRACE_S)
 def test_sigterm_lets_the_in_flight_write_finish_and_refuses_new_connections(
     stack: Stack,
 ) -> None:
-    """Signal: SIGTERM on the proxy while the upstream holds a write (Demo-Delay-Ms 1200,
-    --grace 5). Proves: the listener closes at once (a new TCP connection is refused while
+    """Signal: SIGTERM on the proxy while the upstream holds a write (Demo-Delay-Ms 3000,
+    --grace 8). Proves: the listener closes at once (a new TCP connection is refused while
     the write is still in flight), the in-flight write completes (the client gets its 201,
     the upstream holds one order, the receipt is COMMITTED in the store), and the process
     exits 0 within the grace."""
     sku = "sigterm-in-flight"
     resource = f"supplier:{sku}"
-    lease = stack.acquire_ok(resource, "worker-a", ttl_s=3.0)
+    lease = stack.acquire_ok(resource, "worker-a", ttl_s=IN_FLIGHT_TIMEOUT_S + 5)
     call = BackgroundCall(
         "in-flight write",
         lambda: stack.place_order(
@@ -63,7 +68,11 @@ def test_sigterm_lets_the_in_flight_write_finish_and_refuses_new_connections(
 
     sent_at = stack.sigterm_proxy()
 
-    wait_until("the listener to close", lambda: not stack.proxy_accepts_connections(), 1.0)
+    wait_until(
+        "the listener to close",
+        lambda: not stack.proxy_accepts_connections(),
+        LISTENER_CLOSED_WITHIN_S,
+    )
     with pytest.raises(ConnectionRefusedError):
         http_call(stack.proxy_url, "GET", "/_fence/healthz", timeout_s=1.0)
     # Refused while the earlier request was still being served, not merely after the exit.
@@ -89,22 +98,28 @@ def test_sigterm_lets_the_in_flight_write_finish_and_refuses_new_connections(
     assert (shown["state"], shown["upstream_status"]) == ("COMMITTED", 201), shown
 
 
+# The upstream holds it past the exit: SIGTERM, the 0.5 s grace, the exit and the reads
+# of the effect and the log all come before it commits, on a loaded machine too.
+HELD_PAST_GRACE_MS = 4000
+
+
 @pytest.mark.fence_stack(upstream_timeout_s=5.0, grace_s=0.5)
 def test_sigterm_past_the_grace_leaves_the_effect_unknown_at_next_start(stack: Stack) -> None:
     """Signal: SIGTERM on the proxy (--grace 0.5) while the upstream holds a write for
-    2.5 s (upstream timeout 5 s), then a restart on the same store with the same
+    4 s (upstream timeout 5 s), then a restart on the same store with the same
     FENCEPROXY_INSTANCE_ID. Proves: the process exits without waiting for the write; at
     the next start the effect is UNKNOWN (never left DISPATCHING, never guessed settled)
     with a recovery event, and the resource is blocked (lease view, 423 on acquire) even
     though the upstream did commit it meanwhile."""
     sku = "sigterm-past-grace"
     resource = f"supplier:{sku}"
-    lease = stack.acquire_ok(resource, "worker-a", ttl_s=6.0)
+    # Released below, after the exit, a CLI run and the restart: live until then.
+    lease = stack.acquire_ok(resource, "worker-a", ttl_s=30.0)
     key = new_key("grace")
     call = BackgroundCall(
         "slow write",
         lambda: stack.place_order(
-            sku, lease["token"], key, extra_headers={"Demo-Delay-Ms": "2500"}
+            sku, lease["token"], key, extra_headers={"Demo-Delay-Ms": str(HELD_PAST_GRACE_MS)}
         ),
     )
     wait_received(stack, 1)
@@ -213,6 +228,8 @@ def test_a_worker_that_goes_away_mid_send_leaves_the_write_to_finish_and_be_reco
             },
             timeout_s=0.5,
         )
+    # The client gave up on its own clock: the proxy may not have admitted the write yet.
+    wait_received(stack, 1)
     (effect,) = stack.proxy_effects(resource)
     wait_until(
         "the held write's receipt",

@@ -28,7 +28,11 @@ from tests.integration.processes.conftest import (
 )
 
 EVENT_TIMEOUT_S = 15.0
-SHORT_TTL_S = 1.5
+# Worker a's lease. It must outlast what comes between a's grant and the replacement's
+# first ask, which must be refused: a's decision and send (its write admitted with the
+# upstream timeout still left on the lease), the signals, and b's start, a new Python
+# process. At load 9 that took up to 1.2 s of a 1.5 s lease, and once all of it.
+SHORT_TTL_S = 4.0
 LONG_TTL_S = 10.0
 ORDER = {"qty": 3}
 
@@ -146,17 +150,25 @@ def test_worker_sigkilled_before_sending_replacement_sends_same_key_once(stack: 
     assert (receipt["holder"], receipt["epoch"], receipt["state"]) == ("worker-b", 2, "COMMITTED")
 
 
-@pytest.mark.fence_stack(upstream_timeout_s=1.0)
+# Worker a must be stopped before the upstream answers: within the write's delay of its
+# arrival, which the test polls for. Within the upstream timeout, so the answer, not a
+# probe, settles the effect.
+HELD_WRITE_MS = 1000
+
+
+@pytest.mark.fence_stack(upstream_timeout_s=2.0)
 def test_worker_sigkilled_after_its_write_committed_replacement_gets_replay(
     stack: Stack,
 ) -> None:
-    """Signals: SIGSTOP on worker a while its write (Demo-Delay-Ms 400) is held by the
+    """Signals: SIGSTOP on worker a while its write (Demo-Delay-Ms 1000) is held by the
     upstream, then SIGKILL once the upstream has committed it, so the 201 is lost with the
     process. Proves: the replacement (epoch 2) sending the same operation under the same
     Idempotency-Key gets a stored replay (Idempotent-Replayed: true, the original order),
     nothing reaches the upstream again, and it still holds exactly one order."""
     sku = "kill-after-commit"
-    a = spawn_order_worker(stack, "a", sku, ttl_s=SHORT_TTL_S, headers={"Demo-Delay-Ms": "400"})
+    a = spawn_order_worker(
+        stack, "a", sku, ttl_s=SHORT_TTL_S, headers={"Demo-Delay-Ms": str(HELD_WRITE_MS)}
+    )
     a_granted, _ = a.wait_event("acquired", EVENT_TIMEOUT_S)
     a.send(f"decide {compact(ORDER)} {new_key('order')}")
     decided, _ = a.wait_event("decided", EVENT_TIMEOUT_S)

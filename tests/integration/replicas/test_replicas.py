@@ -564,7 +564,10 @@ async def test_concurrent_sweeps_record_one_recovery(pg_url: str, fleet: Fleet) 
         holder = await asyncpg.connect(pg_url)
         watcher = await asyncpg.connect(pg_url)
         try:
-            _, _, effect = await kill_mid_flight(api, r0, victim, "sweep", delay_ms=500)
+            # Held 2 s: the victim must be killed before the upstream answers it, and
+            # the test sees the write arrive, reads the effect, then kills, all polled.
+            # Past the victim's 1 s timeout: only a victim not killed would see it end.
+            _, _, effect = await kill_mid_flight(api, r0, victim, "sweep", delay_ms=2000)
             async with holder.transaction():
                 await holder.execute("SELECT 1 FROM effects WHERE id = $1 FOR UPDATE", effect["id"])
                 ghost = f"eff_ghost_{uuid.uuid4().hex}"
@@ -605,6 +608,10 @@ async def test_concurrent_sweeps_record_one_recovery(pg_url: str, fleet: Fleet) 
 
 
 SKEW_S = 3600.0
+# The leases that must still be live several requests after their grant (refused to
+# another holder, a write that needs the upstream timeout left on the lease, a renewal):
+# long enough for a loaded machine; the first one is renewed shorter to see it expire.
+HELD_S = 10.0
 
 
 async def test_replicas_with_skewed_clocks_agree(pg_url: str, fleet: Fleet) -> None:
@@ -636,7 +643,7 @@ async def check_skewed(
         date = parsedate_to_datetime(answer.headers["date"]).timestamp()
         assert abs(date - (time.time() + offset)) < 60, (proxy.name, answer.headers["date"])
 
-    granted = await api.acquire(normal, resource, "first", ttl_s=2.0)
+    granted = await api.acquire(normal, resource, "first", ttl_s=HELD_S)
     assert granted.status == 201, granted
     token = granted.body["token"]
     expires_at = granted.body["expires_at"]
@@ -664,10 +671,10 @@ async def check_skewed(
     assert late.code == "lease_expired", late
     assert (await api.lease(skewed, resource)).body["live"] is False
 
-    taken = await api.acquire(skewed, resource, "second", ttl_s=2.0)
+    taken = await api.acquire(skewed, resource, "second", ttl_s=HELD_S)
     assert taken.status == 201, taken
     assert taken.body["epoch"] == 2, taken
-    assert abs(taken.body["expires_at"] - (authority_now() + 2.0)) < 1.0, taken
+    assert abs(taken.body["expires_at"] - (authority_now() + HELD_S)) < 1.0, taken
     stale = await api.place_order(skewed, target, token, f"{target}-stale")
     assert stale.code == "stale_epoch", stale
     blocked = await api.acquire(normal, resource, "first", ttl_s=2.0)
