@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from enum import Enum, StrEnum, auto
 
 from core.codes import ErrorCode
+from core.frozen import quick_init
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 
 DISPATCHING = EffectState.DISPATCHING
@@ -312,6 +313,7 @@ OPERATOR_DECIDES = {
 # nothing (store/steps.py: any plan step by step, or a receipt's in one statement).
 
 
+@quick_init
 @dataclass(frozen=True)
 class Plan:
     """What one event writes. `moves`: the effect's row is written, guarded by the
