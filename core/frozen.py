@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# The generated __init__'s local for the instance's dict: not a name a field can have
-# (a field named like the local would be shadowed by its own parameter).
+# The generated __init__'s local for the instance's dict; a field of this name is
+# refused (its parameter would be shadowed by the local).
 _DICT = "__quick_init_dict__"
 
 
