@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.codes import ErrorCode
+from core.frozen import quick_init
 from core.lifecycle import BLOCKING
 from core.quotas import retry_after_s
 from core.records import (
@@ -37,6 +38,7 @@ class Grant:
     expires_at: float
 
 
+@quick_init
 @dataclass(frozen=True)
 class Admit:
     """Record the effect as DISPATCHING (and claim the key, if any), then forward.
@@ -48,11 +50,13 @@ class Admit:
     resends: tuple[str, ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True)
 class Replay:
     record: IdempotencyRecord
 
 
+@quick_init
 @dataclass(frozen=True)
 class AdmissionRequest:
     resource: str

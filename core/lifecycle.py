@@ -27,10 +27,11 @@ Two rules shape the table:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum, StrEnum, auto
 
 from core.codes import ErrorCode
+from core.frozen import quick_init
 from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 
 DISPATCHING = EffectState.DISPATCHING
@@ -312,6 +313,7 @@ OPERATOR_DECIDES = {
 # nothing (store/steps.py: any plan step by step, or a receipt's in one statement).
 
 
+@quick_init
 @dataclass(frozen=True)
 class Plan:
     """What one event writes. `moves`: the effect's row is written, guarded by the
@@ -341,14 +343,18 @@ class Plan:
         answered, without reading the row again."""
         if not self.moves:
             return before
-        return replace(
-            before,
-            state=self.state,
-            finished_at=now if self.stamps_finished else before.finished_at,
-            upstream_status=self.upstream_status,
-            reason=self.reason,
-            settled_by=self.settled_by,
-            next_probe_at=now if self.probe_now else None,
+        # Not dataclasses.replace, which reads every field by name again (a receipt's
+        # effect: 4.4 µs, against 2.5 this way).
+        return EffectRecord(
+            **{
+                **vars(before),
+                "state": self.state,
+                "finished_at": now if self.stamps_finished else before.finished_at,
+                "upstream_status": self.upstream_status,
+                "reason": self.reason,
+                "settled_by": self.settled_by,
+                "next_probe_at": now if self.probe_now else None,
+            }
         )
 
 

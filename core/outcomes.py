@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.frozen import quick_init
 from core.lifecycle import Event
 from policies import Outcome, StatusRules
 
 
+@quick_init
 @dataclass(frozen=True)
 class Answered:
     status: int

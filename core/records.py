@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from core.codes import ErrorCode
+from core.frozen import quick_init
 
 
 class EffectState(StrEnum):
@@ -44,6 +45,7 @@ class Refusal(Exception):
         return f"Refusal({self.code!r}, {self.detail!r}, {self.context!r})"
 
 
+@quick_init
 @dataclass(frozen=True)
 class LeaseRecord:
     resource: str
@@ -71,6 +73,7 @@ class OpenEffect:
     fingerprint: str
 
 
+@quick_init
 @dataclass(frozen=True)
 class ResourceState:
     """What the store knows of one resource at the start of a transaction."""
@@ -103,6 +106,7 @@ class ResourceState:
         )
 
 
+@quick_init
 @dataclass(frozen=True)
 class StoredResponse:
     status: int
@@ -115,6 +119,7 @@ class StoredResponse:
     body_kept: bool = True
 
 
+@quick_init
 @dataclass(frozen=True)
 class IdempotencyRecord:
     resource: str
@@ -130,6 +135,7 @@ class IdempotencyRecord:
     settled_by: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True)
 class EffectRecord:
     id: str

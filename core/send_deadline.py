@@ -29,7 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.frozen import quick_init
 
+
+@quick_init
 @dataclass(frozen=True)
 class SendDeadline:
     """One admission's send budget, on the admitting process's own monotonic clock."""

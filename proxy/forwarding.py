@@ -18,6 +18,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from core.frozen import quick_init
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend
 from core.send_deadline import SendDeadline
 from policies import Upstream
@@ -290,6 +291,7 @@ def replayable(headers: CIMultiDict[str]) -> tuple[tuple[str, str], ...]:
     return tuple((k, v) for k, v in headers.items() if k.lower() not in NOT_REPLAYED)
 
 
+@quick_init
 @dataclass(frozen=True)
 class UpstreamResponse:
     status: int

@@ -82,6 +82,8 @@ def check_header_encoding(headers: MultiMapping[str]) -> None:
     """Refuse a header value whose bytes are not UTF-8: aiohttp holds them as surrogates,
     which it cannot send on as the bytes that came, so nothing is forwarded at all."""
     for name, value in headers.items():
+        if value.isascii():  # nearly every value: a flag of the string, no bytes made
+            continue
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:

@@ -8,6 +8,7 @@ read by position (store/base.py `Values`), without a dict per row.
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii
 from operator import itemgetter
 
 from core.records import (
@@ -164,9 +165,16 @@ def effect_record(row: Row) -> EffectRecord:
 def response_meta(response: StoredResponse) -> str:
     """The `response_headers` column: the headers with the reason phrase and whether the
     body was kept (one JSON object; rows written before these were kept hold a list)."""
-    return json.dumps(
-        {"headers": response.headers, "reason": response.reason, "body_kept": response.body_kept}
+    # Written out as json.dumps writes this object, with its own string encoder: a
+    # receipt writes one per committed write, and json.dumps took 3.7-4.0 µs against
+    # 1.5 (tests/unit/test_response_meta.py holds the two to the same text).
+    headers = ", ".join(
+        f"[{encode_basestring_ascii(name)}, {encode_basestring_ascii(value)}]"
+        for name, value in response.headers
     )
+    reason = "null" if response.reason is None else encode_basestring_ascii(response.reason)
+    kept = "true" if response.body_kept else "false"
+    return f'{{"headers": [{headers}], "reason": {reason}, "body_kept": {kept}}}'
 
 
 def stored_response(status: int, meta: str | None, body: bytes) -> StoredResponse:

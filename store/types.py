@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.frozen import quick_init
 from core.leasing_advice import LeaseLife
 from core.lifecycle import Transition
 from core.records import EffectRecord
@@ -13,6 +14,7 @@ from policies.route_keys import RETAIN_S
 from store.history import RecoveryWindow
 
 
+@quick_init
 @dataclass(frozen=True)
 class NewEffect:
     """What the proxy knows of a mutation before it asks to forward it."""
@@ -33,6 +35,7 @@ class NewEffect:
     send_window_s: float = 0.0
 
 
+@quick_init
 @dataclass(frozen=True)
 class Admitted:
     effect: EffectRecord
@@ -48,6 +51,7 @@ class UnknownKey:
     window: RecoveryWindow
 
 
+@quick_init
 @dataclass(frozen=True)
 class Receipt:
     """What recording a dispatch's outcome did: the lifecycle step taken, and the
