@@ -11,7 +11,9 @@ together in the next batch a lane takes, in the order they were queued. How a ba
 
 A caller that stops waiting (cancelled) before its batch is taken is left out of it; once
 taken, its operation runs to its end with the others and its answer is dropped: a batch
-is not torn down for one caller, whose operation may then have been kept.
+is not torn down for one caller, whose operation may then have been kept. With
+`wait_s`, a job that no lane took within that long is answered `StoreUnavailable` and
+left out: it never ran (as a pool's acquire that timed out).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from store.base import StoreUnavailable
 MAX_BATCH = 256
 Outcome = tuple[bool, Any]
 J = TypeVar("J")
+_Queued = tuple[J, asyncio.Future[Any], asyncio.TimerHandle | None]
 
 
 def being_cancelled(exc: BaseException) -> bool:
@@ -45,12 +48,14 @@ class OperationQueue(Generic[J]):
         run_batch: Callable[[list[J]], Awaitable[list[Outcome]]],
         max_batch: int = MAX_BATCH,
         lanes: int = 1,
+        wait_s: float | None = None,
     ) -> None:
         self._name = name
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._lanes = lanes
-        self._jobs: collections.deque[tuple[J, asyncio.Future[Any]]] = collections.deque()
+        self._wait_s = wait_s
+        self._jobs: collections.deque[_Queued[J]] = collections.deque()
         # One waiter per idle lane: a job wakes one lane, not all of them.
         self._idle: list[asyncio.Future[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -66,10 +71,21 @@ class OperationQueue(Generic[J]):
         """A job, queued now, to run in the next batch."""
         if not self._tasks or self._closed:
             raise StoreUnavailable("the store is not open")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._jobs.append((job, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        timer = None
+        if self._wait_s is not None and not self._idle:  # no lane takes it at once
+            timer = loop.call_later(self._wait_s, self._expire, future)
+        self._jobs.append((job, future, timer))
         self._wake(1)
         return future
+
+    def _expire(self, future: asyncio.Future[Any]) -> None:
+        """A job no lane took in time: its caller hears so, and no lane takes it now."""
+        if not future.done():
+            future.set_exception(
+                StoreUnavailable(f"no store connection was free within {self._wait_s} s")
+            )
 
     def _wake(self, lanes: int) -> None:
         while self._idle and lanes > 0:
@@ -103,17 +119,22 @@ class OperationQueue(Generic[J]):
             self._closed = True
             gone = StoreUnavailable("the store closed before this ran")
             while self._jobs:
-                _, future = self._jobs.popleft()
+                _, future, timer = self._jobs.popleft()
+                if timer is not None:
+                    timer.cancel()
                 if not future.done():
                     future.set_exception(gone)
 
     def _next_batch(self) -> list[tuple[J, asyncio.Future[Any]]]:
-        """The queued jobs, up to a batch, but those whose caller stopped waiting."""
+        """The queued jobs, up to a batch, but those whose caller stopped waiting (or was
+        answered that none was free)."""
         batch: list[tuple[J, asyncio.Future[Any]]] = []
         while self._jobs and len(batch) < self._max_batch:
-            job = self._jobs.popleft()
-            if not job[1].done():
-                batch.append(job)
+            job, future, timer = self._jobs.popleft()
+            if timer is not None:
+                timer.cancel()
+            if not future.done():
+                batch.append((job, future))
         return batch
 
     async def _answer(self, batch: list[tuple[J, asyncio.Future[Any]]]) -> None:

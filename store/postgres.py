@@ -1,15 +1,26 @@
 """PostgreSQL backend through asyncpg, for several proxy replicas sharing one authority.
 
-Each operation is one transaction on a pooled connection. Decisions about a
-resource take its row lock first (the `lock_resource` query), so two replicas
-never both grant a live lease or admit writes under different epochs. Time is
-the database's (`now()` at the start of the transaction), so replicas with
-skewed clocks still agree on when a lease expires.
+Each read is one transaction on a pooled connection. Writes go through lanes
+(store/operation_queue.py, the SQLite connector's group commit): a write that finds a
+lane idle runs at once, alone, one transaction; writes that arrive while every lane is
+busy run together in the next batch a lane takes, one transaction in their order (one
+BEGIN, one COMMIT, one WAL flush), none answered before that COMMIT returned. If the
+batch fails before its COMMIT (one write's error, a conflict, a deadlock with another
+batch) it was rolled back and each write runs again alone, with its own retries; if the
+COMMIT's answer is lost, each write's is (`CommitUnknown`). A caller that stops waiting
+is left out of a batch not yet taken; once taken, its write runs with the others.
 
-A fenced request is five round trips: its admission is BEGIN, one call that locks and
-reads (`own_clock`: it answers the time and the store id itself), one write, COMMIT;
-its receipt one statement that is its own transaction (`statement`). Every round trip
-is counted (store/round_trips.py) for the bench and tests.
+Decisions about a resource take its row lock first (the `lock_resource` query), so two
+replicas never both grant a live lease or admit writes under different epochs. Time is
+the database's (`clock_timestamp()` when an operation starts, or once it holds its lock),
+so replicas with skewed clocks still agree on when a lease expires, and a write late in
+a batch is judged when it runs, not when the batch began.
+
+A fenced request run alone is five round trips: its admission is BEGIN, one call that
+locks and reads (`own_clock`: it answers the time and the store id itself), one write,
+COMMIT; its receipt one statement that is its own transaction (`statement`; in a batch,
+one statement of the batch's transaction). Every round trip is counted
+(store/round_trips.py) for the bench and tests.
 
 This connector carries statements and transactions, and nothing of the store's own:
 the schema is created or migrated by store/schema.py (through `change_schema`), and the
@@ -357,8 +368,13 @@ class PostgresConnector:
         except sqlstate.FAILURES as exc:
             await self.close()
             raise _cannot_open(exc) from exc
+        # A write waits for a lane as an operation waits for a pooled connection.
         self._writes = OperationQueue(
-            "postgres-writer", self._write_batch, MAX_BATCH, write_lanes(self.pool)
+            "postgres-writer",
+            self._write_batch,
+            MAX_BATCH,
+            write_lanes(self.pool),
+            self.pool.acquire_timeout_s,
         )
         self._writes.start()
 

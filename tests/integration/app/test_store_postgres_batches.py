@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -20,7 +20,7 @@ import pytest
 from core.lifecycle import Event
 from policies.model import StorePool
 from store import AdmissionInDoubt, Admitted, NewEffect, Store, StoreError, open_store
-from store.base import Tx
+from store.base import Operation, Tx
 from store.postgres import PostgresConnector, PostgresTx, write_lanes
 from tests.integration.app import backends
 from tests.integration.app.backends import Backend
@@ -63,7 +63,9 @@ def connector_of(store: Store) -> PostgresConnector:
     return connector
 
 
-async def batched(store: Store, *calls: Callable[[], Awaitable[Any]]) -> list[asyncio.Task[Any]]:
+async def batched(
+    store: Store, *calls: Callable[[], Coroutine[Any, Any, Any]]
+) -> list[asyncio.Task[Any]]:
     """`calls` (each a store call that makes one write), queued behind a write that holds
     the store's one lane, then let go together: they run as one batch. Their tasks."""
     held, let_go = asyncio.Event(), asyncio.Event()
@@ -74,7 +76,7 @@ async def batched(store: Store, *calls: Callable[[], Awaitable[Any]]) -> list[as
 
     holding = asyncio.create_task(store.connector.write(hold))
     await asyncio.wait_for(held.wait(), WAIT_S)
-    tasks = [asyncio.create_task(call()) for call in calls]  # type: ignore[arg-type]
+    tasks = [asyncio.create_task(call()) for call in calls]
     await asyncio.sleep(0.05)  # every call has queued its write behind the lane's
     let_go.set()
     await asyncio.wait_for(holding, WAIT_S)
@@ -82,8 +84,8 @@ async def batched(store: Store, *calls: Callable[[], Awaitable[Any]]) -> list[as
     return tasks
 
 
-def writing(store: Store, operation: Callable[[Tx], Awaitable[Any]]) -> Callable[[], Any]:
-    return lambda: store.connector.write(operation)  # type: ignore[arg-type]
+def writing(store: Store, operation: Operation[Any]) -> Callable[[], Coroutine[Any, Any, Any]]:
+    return lambda: store.connector.write(operation)
 
 
 async def transaction_id(tx: Tx) -> int:
@@ -116,7 +118,7 @@ async def test_writes_queued_behind_a_busy_lane_commit_as_one_transaction(
             lambda: store.admit(token, _new("together", "k-1")),
             writing(store, transaction_id),
         )
-        one, two, receipt, admitted, three = [task.result() for task in tasks]
+        one, two, _receipt, admitted, three = [task.result() for task in tasks]
         assert one == two == three
         assert isinstance(admitted, Admitted)
         # The lane's holder: BEGIN, clock, COMMIT. The batch: BEGIN, each write's clock
@@ -163,7 +165,7 @@ async def test_one_writes_failure_in_a_batch_is_its_own_answer_alone(
     """A write that raises and one the database refuses (a constraint) fail the batch's
     transaction: the others run again alone and are kept, each failure is its own."""
 
-    def epoch(resource: str) -> Callable[[Tx], Awaitable[int]]:
+    def epoch(resource: str) -> Operation[int]:
         async def operation(tx: Tx) -> int:
             return await tx.execute("set_resource_epoch", resource=resource, epoch=5)
 
@@ -204,7 +206,7 @@ async def test_two_replicas_batches_that_deadlock_end_in_a_retry_not_an_error(
     held = {"dl-a": asyncio.Event(), "dl-b": asyncio.Event()}
     runs: list[str] = []
 
-    def lock(resource: str, then: str | None) -> Callable[[Tx], Awaitable[str]]:
+    def lock(resource: str, then: str | None) -> Operation[str]:
         async def operation(tx: Tx) -> str:
             if then is not None:
                 await asyncio.wait_for(held[then].wait(), WAIT_S)
@@ -270,7 +272,7 @@ async def test_a_caller_that_stops_waiting_is_left_out_of_a_batch_not_yet_taken(
 ) -> None:
     ran: list[str] = []
 
-    def marking(name: str) -> Callable[[Tx], Awaitable[str]]:
+    def marking(name: str) -> Operation[str]:
         async def operation(tx: Tx) -> str:
             ran.append(name)
             return name
