@@ -6,7 +6,8 @@ connection while it runs a batch (SQLite: one writer lane and one reader lane, o
 own connections; PostgreSQL: a few lanes, each on a pool connection for its batch). An
 operation submitted while a lane is idle goes to it at once, alone (no waiting: a lone
 caller's latency is the transaction's); those that arrive while every lane is busy go
-together in the next batch a lane takes, in the order they were queued. How a batch runs
+together in the next batch a lane takes, in the order they were queued (so do those
+that arrive before the lane woken for the first has started). How a batch runs
 (one transaction, and each operation again alone if one failed) is the connector's.
 
 A caller that stops waiting (cancelled) before its batch is taken is left out of it; once
