@@ -85,7 +85,7 @@ class OperationQueue(Generic[J]):
         """A job no lane took in time: its caller hears so, and no lane takes it now."""
         if not future.done():
             future.set_exception(
-                StoreUnavailable(f"no store connection was free within {self._wait_s} s")
+                StoreUnavailable(f"no store connection was free in time ({self._wait_s} s)")
             )
 
     def _wake(self, lanes: int) -> None:

@@ -90,8 +90,9 @@ Queries = dict[str, tuple[str, list[str]]]
 
 def write_lanes(pool: StorePool) -> int:
     """How many batches of writes run at once, each on a pool connection of its own: half
-    the pool, the rest left for reads, which a lane never waits for."""
-    return max(1, pool.max_size // 2)
+    the pool (rounded up: a pool of three has a lane for a write while another holds
+    one), the rest left for reads."""
+    return max(1, (pool.max_size + 1) // 2)
 
 
 def load_positional_queries() -> Queries:

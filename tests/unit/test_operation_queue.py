@@ -68,7 +68,7 @@ async def test_a_job_no_lane_took_in_time_is_refused_and_never_runs() -> None:
     busy = queue.submit("wait")
     await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
     late = queue.submit("late")
-    with pytest.raises(StoreUnavailable, match="no store connection was free"):
+    with pytest.raises(StoreUnavailable, match="no store connection was free in time"):
         await asyncio.wait_for(late, WAIT_S)
     lanes.go.set()
     assert await asyncio.wait_for(busy, WAIT_S) == "wait"
