@@ -1,15 +1,26 @@
 """PostgreSQL backend through asyncpg, for several proxy replicas sharing one authority.
 
-Each operation is one transaction on a pooled connection. Decisions about a
-resource take its row lock first (the `lock_resource` query), so two replicas
-never both grant a live lease or admit writes under different epochs. Time is
-the database's (`now()` at the start of the transaction), so replicas with
-skewed clocks still agree on when a lease expires.
+Each read is one transaction on a pooled connection. Writes go through lanes
+(store/operation_queue.py, the SQLite connector's group commit): a write that finds a
+lane idle runs at once, alone, one transaction; writes that arrive while every lane is
+busy run together in the next batch a lane takes, one transaction in their order (one
+BEGIN, one COMMIT, one WAL flush), none answered before that COMMIT returned. If the
+batch fails before its COMMIT (one write's error, a conflict, a deadlock with another
+batch) it was rolled back and each write runs again alone, with its own retries; if the
+COMMIT's answer is lost, each write's is (`CommitUnknown`). A caller that stops waiting
+is left out of a batch not yet taken; once taken, its write runs with the others.
 
-A fenced request is five round trips: its admission is BEGIN, one call that locks and
-reads (`own_clock`: it answers the time and the store id itself), one write, COMMIT;
-its receipt one statement that is its own transaction (`statement`). Every round trip
-is counted (store/round_trips.py) for the bench and tests.
+Decisions about a resource take its row lock first (the `lock_resource` query), so two
+replicas never both grant a live lease or admit writes under different epochs. Time is
+the database's (`clock_timestamp()` when an operation starts, or once it holds its lock),
+so replicas with skewed clocks still agree on when a lease expires, and a write late in
+a batch is judged when it runs, not when the batch began.
+
+A fenced request run alone is five round trips: its admission is BEGIN, one call that
+locks and reads (`own_clock`: it answers the time and the store id itself), one write,
+COMMIT; its receipt one statement that is its own transaction (`statement`; in a batch,
+one statement of the batch's transaction). Every round trip is counted
+(store/round_trips.py) for the bench and tests.
 
 This connector carries statements and transactions, and nothing of the store's own:
 the schema is created or migrated by store/schema.py (through `change_schema`), and the
@@ -30,7 +41,8 @@ import asyncio
 import contextlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 
 import asyncpg
@@ -50,6 +62,7 @@ from store.base import (
 )
 from store.failover import HistoryWatch
 from store.history import RecoveryWindow, Replication
+from store.operation_queue import OperationQueue, Outcome, being_cancelled
 from store.queries import load_queries
 from store.round_trips import CountingConnection, RoundTrips
 
@@ -57,6 +70,9 @@ from store.round_trips import CountingConnection, RoundTrips
 RETRIES = 3
 # A migration rewrites whole tables: not bound by store_pool.command_timeout_s.
 MIGRATION_TIMEOUT_S = 24 * 3600.0
+# The most writes one transaction carries: a batch holds its resources' locks until its
+# COMMIT, and a caller that arrived last waits for all before it.
+MAX_BATCH = 64
 QUERY_FILES = ("postgres.sql", "postgres_history.sql", "postgres_session.sql")
 _WAL_REFUSED = (
     asyncpg.InsufficientPrivilegeError,
@@ -70,6 +86,13 @@ _WAL_REFUSED = (
 _READ_ONLY = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 Queries = dict[str, tuple[str, list[str]]]
+
+
+def write_lanes(pool: StorePool) -> int:
+    """How many batches of writes run at once, each on a pool connection of its own: half
+    the pool (rounded up: a pool of three has a lane for a write while another holds
+    one), the rest left for reads."""
+    return max(1, (pool.max_size + 1) // 2)
 
 
 def load_positional_queries() -> Queries:
@@ -308,6 +331,7 @@ class PostgresConnector:
         self.instance_id: str | None = None
         # Connections opened before the schema is current cannot read the history.
         self._ready = False
+        self._writes: OperationQueue[_Write] | None = None
 
     # What the history watch last read (store/base.py Connector).
     @property
@@ -345,6 +369,15 @@ class PostgresConnector:
         except sqlstate.FAILURES as exc:
             await self.close()
             raise _cannot_open(exc) from exc
+        # A write waits for a lane as an operation waits for a pooled connection.
+        self._writes = OperationQueue(
+            "postgres-writer",
+            self._write_batch,
+            MAX_BATCH,
+            write_lanes(self.pool),
+            self.pool.acquire_timeout_s,
+        )
+        self._writes.start()
 
     async def change_schema(self, operation: SchemaOperation[T]) -> T:
         if self._pool is None:
@@ -472,6 +505,10 @@ class PostgresConnector:
             _terminate(conn)
 
     async def close(self) -> None:
+        """Runs the writes queued, then closes the pool."""
+        if self._writes is not None:
+            await self._writes.stop()
+            self._writes = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -480,20 +517,14 @@ class PostgresConnector:
     async def _transaction(
         self,
         conn: asyncpg.pool.PoolConnectionProxy,
-        operation: Operation[T],
+        body: Callable[[], Coroutine[Any, Any, T]],
         readonly: bool,
-        own_clock: bool,
     ) -> T:
+        """`body`'s statements as one transaction: BEGIN and COMMIT, each with the history
+        check; rolled back if it raises."""
         await self._begin(conn, readonly)
         try:
-            if own_clock:
-                result = await operation(PostgresTx(conn, self._queries, math.nan, self._identify))
-            else:
-                tx = PostgresTx(conn, self._queries, math.nan, self._identify)
-                clock = await tx.one("clock")
-                assert clock is not None
-                tx.now = float(clock["now"])
-                result = await operation(tx)
+            result = await body()
         except BaseException:
             await self._rollback(conn)
             raise
@@ -510,6 +541,19 @@ class PostgresConnector:
             raise
         return result
 
+    async def _step(
+        self, conn: asyncpg.pool.PoolConnectionProxy, operation: Operation[T], own_clock: bool
+    ) -> T:
+        """One operation's statements in the open transaction, at its own time: read when
+        it starts (`clock`), or by its first statement (`own_clock`), never the
+        transaction's start, which was earlier for all but a batch's first."""
+        tx = PostgresTx(conn, self._queries, math.nan, self._identify)
+        if not own_clock:
+            clock = await tx.one("clock")
+            assert clock is not None
+            tx.now = float(clock["now"])
+        return await operation(tx)
+
     def _lose(self, what: str) -> str:
         self.lost = (
             f"the database is no longer the store opened (store id {self.store_id}; {what}): "
@@ -524,18 +568,72 @@ class PostgresConnector:
             raise StoreUnavailable(self._lose(f"now {found}"))
 
     async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        return await self._run(operation, readonly=False, own_clock=own_clock)
+        return cast(T, await self._submit(_Write(operation, own_clock, statement=False)))
 
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
 
     async def statement(self, query: str, **params: Any) -> Values | None:
-        """One round trip: a single statement is a transaction of its own."""
+        """One round trip when it runs alone: a single statement is a transaction of its
+        own. In a batch, one statement of the batch's transaction."""
 
         async def operation(tx: Tx) -> Values | None:
             return await tx.values(query, **params, store_id=self.store_id)
 
-        return await self._run(operation, readonly=False, own_clock=True, transaction=False)
+        return cast(Values | None, await self._submit(_Write(operation, True, statement=True)))
+
+    async def _submit(self, write: _Write) -> Any:
+        if self._writes is None:
+            raise StoreUnavailable("the store is not open")
+        if self.lost is not None:
+            raise StoreUnavailable(self.lost)
+        return await self._writes.submit(write)
+
+    async def _write_batch(self, writes: list[_Write]) -> list[Outcome]:
+        """Writes that queued together, in one transaction; if that failed before its
+        COMMIT, each again alone, so that one write's failure (its own error, a
+        conflict, a deadlock with another batch) is nobody else's answer."""
+        if len(writes) > 1:
+            together = await self._together(writes)
+            if together is not None:
+                return together
+        return [await self._alone(write) for write in writes]
+
+    async def _alone(self, write: _Write) -> Outcome:
+        try:
+            return True, await self._run(
+                write.operation,
+                readonly=False,
+                own_clock=write.own_clock,
+                transaction=not write.statement,
+            )
+        except BaseException as exc:
+            if being_cancelled(exc):
+                raise
+            return False, exc
+
+    async def _together(self, writes: list[_Write]) -> list[Outcome] | None:
+        """The writes as one transaction, in order, each at its own time, or None: the
+        transaction failed before its COMMIT and was rolled back (nothing of it kept).
+        The COMMIT's answer lost: every write's `CommitUnknown`. No connection to be
+        had, or the one had broke: every write's `StoreUnavailable`, as each alone
+        would have met (and waited for) the same."""
+        assert self._pool is not None  # the lanes run only while the store is open
+
+        async def body() -> list[Outcome]:
+            return [(True, await self._step(conn, w.operation, w.own_clock)) for w in writes]
+
+        try:
+            async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
+                return await self._transaction(conn, body, readonly=False)
+        except CommitUnknown as exc:
+            return [(False, exc)] * len(writes)
+        except sqlstate.CONNECTION_LOST as exc:
+            return [(False, self._translated(exc))] * len(writes)
+        except BaseException as exc:
+            if being_cancelled(exc):
+                raise
+            return None
 
     async def _run(
         self,
@@ -555,26 +653,43 @@ class PostgresConnector:
                         return await operation(
                             PostgresTx(conn, self._queries, math.nan, self._identify)
                         )
-                    return await self._transaction(conn, operation, readonly, own_clock)
+                    return await self._transaction(
+                        conn, lambda: self._step(conn, operation, own_clock), readonly
+                    )
             except _Lost:
                 if attempt < RETRIES - 1:
                     continue
                 raise StoreUnavailable("the store lost history and recovered; try again") from None
-            except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
-                # The schema is gone under the open pool (the database was recreated),
-                # its functions with it.
-                raise StoreUnavailable(self._lose(f"its tables are gone: {exc}")) from exc
             except sqlstate.FAILURES as exc:
-                if sqlstate.should_retry(exc):
-                    if attempt < RETRIES - 1:
-                        continue
-                    raise StoreUnavailable("the transaction kept conflicting; try again") from None
-                if sqlstate.unavailable(exc):
-                    raise StoreUnavailable(
-                        f"PostgreSQL did not answer or refused: {sqlstate.describe(exc)}"
-                    ) from exc
-                raise StoreError(f"PostgreSQL refused the operation: {exc}") from exc
+                if sqlstate.should_retry(exc) and attempt < RETRIES - 1:
+                    continue
+                raise self._translated(exc) from exc
         raise AssertionError("unreachable")
+
+    def _translated(self, exc: BaseException) -> StoreError:
+        """A driver's error as the store's."""
+        if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedFunctionError):
+            # The schema is gone under the open pool (the database was recreated), its
+            # functions with it.
+            return StoreUnavailable(self._lose(f"its tables are gone: {exc}"))
+        if sqlstate.should_retry(exc):
+            return StoreUnavailable("the transaction kept conflicting; try again")
+        if sqlstate.unavailable(exc):
+            return StoreUnavailable(
+                f"PostgreSQL did not answer or refused: {sqlstate.describe(exc)}"
+            )
+        return StoreError(f"PostgreSQL refused the operation: {exc}")
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A write for the lanes: its operation, whether its first statement answers the
+    time (`own_clock`), and whether it is a single statement (`Connector.statement`:
+    alone, a transaction of its own, without BEGIN and COMMIT)."""
+
+    operation: Operation[Any]
+    own_clock: bool
+    statement: bool
 
 
 def _cannot_open(exc: BaseException) -> StoreUnavailable:

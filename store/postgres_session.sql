@@ -7,8 +7,11 @@
 -- The authority's clock: the database's, shared by every replica (see store_meta); and,
 -- in the same round trip, the store's id, so that every transaction checks it is still
 -- talking to the store it opened: a database dropped and created again behind the same
--- URL would hand out epochs from 1.
-SELECT extract(epoch FROM now())::float8 + m.clock_offset_s AS now, i.store_id
+-- URL would hand out epochs from 1. The time when the operation starts
+-- (clock_timestamp()), not now(), the transaction's start: in a batch of writes
+-- (store/operation_queue.py) an operation runs after the ones before it, and must not
+-- judge a lease at a moment that has passed.
+SELECT extract(epoch FROM clock_timestamp())::float8 + m.clock_offset_s AS now, i.store_id
 FROM store_meta m, store_identity i
 
 -- store_id --

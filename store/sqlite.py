@@ -36,14 +36,12 @@ had before.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
@@ -60,19 +58,15 @@ from store.base import (
     Values,
 )
 from store.history import RecoveryWindow, Replication
+from store.operation_queue import OperationQueue, Outcome
 from store.queries import load_queries
 
-MAX_BATCH = 256
 _SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
-Outcome = tuple[bool, Any]
 FileIdentity = tuple[int, int]
 # Each named block as its statements: a block may hold several (no round trips here to
 # save, but the same block on PostgreSQL is one statement); empty for a block this
 # backend does not need.
 Queries = dict[str, tuple[str, ...]]
-_Job = tuple[Operation[Any], asyncio.Future[Any]]
-# Runs a batch of operations on its connection, one outcome each.
-BatchRunner = Callable[[list[Operation[Any]]], Awaitable[list[Outcome]]]
 
 
 def _file_identity(path: Path) -> FileIdentity | None:
@@ -163,12 +157,6 @@ def _drive(operation: Operation[T], tx: SQLiteTx) -> T:
     raise OperationSuspended(
         "an operation on SQLite awaited something other than its transaction's statements"
     )
-
-
-def _being_cancelled(exc: BaseException) -> bool:
-    """Whether `exc` is the running task's own cancellation (not an operation's error)."""
-    task = asyncio.current_task()
-    return isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
 
 
 def _translated(exc: BaseException, what: str) -> BaseException:
@@ -279,90 +267,6 @@ def parse_sqlite_url(url: str) -> tuple[Path, str]:
     return Path(raw_path), synchronous
 
 
-class OperationQueue:
-    """Store operations for one connection, run in the order they were queued by one
-    task that alone uses the connection: whatever has queued when it is free (up to
-    `max_batch`) goes to `run_batch` at once, and each outcome to its own waiter."""
-
-    def __init__(self, name: str, run_batch: BatchRunner, max_batch: int = MAX_BATCH) -> None:
-        self._name = name
-        self._run_batch = run_batch
-        self._max_batch = max_batch
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._queued = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._serve(), name=self._name)
-
-    def submit(self, operation: Operation[T]) -> asyncio.Future[T]:
-        """An operation, queued now, to run in the next batch."""
-        if self._task is None or self._closed:
-            raise StoreUnavailable("the store is not open")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._jobs.append((operation, future))
-        self._queued.set()
-        return future
-
-    async def stop(self) -> None:
-        """Take no more operations, run those queued, and end the task."""
-        self._closed = True
-        self._queued.set()
-        if self._task is not None:
-            await asyncio.wait([self._task])  # its own cancellation is not this caller's
-
-    async def _serve(self) -> None:
-        try:
-            while self._jobs or not self._closed:
-                if not self._jobs:
-                    self._queued.clear()
-                    await self._queued.wait()
-                    continue
-                await self._answer(self._next_batch())
-        finally:
-            # Cancelled (a loop shutting down with the store open): nobody waits in vain.
-            self._closed = True
-            gone = StoreUnavailable("the store closed before this ran")
-            while self._jobs:
-                _, future = self._jobs.popleft()
-                if not future.done():
-                    future.set_exception(gone)
-
-    def _next_batch(self) -> list[_Job]:
-        """The queued operations, up to a batch, but those whose caller stopped waiting."""
-        batch: list[_Job] = []
-        while self._jobs and len(batch) < self._max_batch:
-            job = self._jobs.popleft()
-            if not job[1].done():
-                batch.append(job)
-        return batch
-
-    async def _answer(self, batch: list[_Job]) -> None:
-        if not batch:
-            return
-        try:
-            outcomes = await self._run_batch([operation for operation, _ in batch])
-        except BaseException as exc:  # a bug in the runner: its batch hears of it, not later ones
-            if _being_cancelled(exc):
-                outcomes = [(False, StoreUnavailable("the store closed while this ran"))]
-                outcomes *= len(batch)
-                _resolve(batch, outcomes)
-                raise
-            outcomes = [(False, exc)] * len(batch)
-        _resolve(batch, outcomes)
-
-
-def _resolve(batch: list[_Job], outcomes: list[Outcome]) -> None:
-    for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-        if future.done():  # its waiter was cancelled
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-
 class SQLiteConnector:
     backend = "sqlite"
 
@@ -376,8 +280,8 @@ class SQLiteConnector:
         self._connections: list[aiosqlite.Connection] = []
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._writes: OperationQueue | None = None
-        self._reads: OperationQueue | None = None
+        self._writes: OperationQueue[Operation[Any]] | None = None
+        self._reads: OperationQueue[Operation[Any]] | None = None
         # The files opened (the database, and its -wal when there is one) and their
         # identity then; set once a check finds one deleted or replaced, for good.
         self._files: dict[Path, FileIdentity] = {}
@@ -489,7 +393,7 @@ class SQLiteConnector:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return await self._writes.submit(operation)
+        return cast(T, await self._writes.submit(operation))
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         """A block as a write transaction of its own, at the transaction's time (`now`):
@@ -509,7 +413,7 @@ class SQLiteConnector:
     async def read(self, operation: Operation[T]) -> T:
         if self._reads is None:
             raise StoreUnavailable("the store is not open")
-        return await self._reads.submit(operation)
+        return cast(T, await self._reads.submit(operation))
 
     async def _read_batch(self, operations: list[Operation[Any]]) -> list[Outcome]:
         """Reads that queued together, each in a snapshot of its own, in one call into

@@ -19,8 +19,9 @@ import aiosqlite
 import pytest
 
 from store.base import Operation, StoreUnavailable, Tx
+from store.operation_queue import MAX_BATCH, OperationQueue, Outcome
 from store.schema import open_current
-from store.sqlite import MAX_BATCH, OperationQueue, OperationSuspended, Outcome, SQLiteConnector
+from store.sqlite import OperationSuspended, SQLiteConnector
 
 WAIT_S = 10.0
 
@@ -297,7 +298,7 @@ async def test_a_queue_whose_task_is_cancelled_answers_every_waiter() -> None:
     running = queue.submit(never_runs)
     await asyncio.wait_for(started.wait(), WAIT_S)
     queued = queue.submit(never_runs)
-    serving = next(task for task in asyncio.all_tasks() if task.get_name() == "test")
+    serving = next(task for task in asyncio.all_tasks() if task.get_name() == "test-0")
     serving.cancel()
     for waiter in (running, queued):
         with pytest.raises(StoreUnavailable, match="the store closed"):

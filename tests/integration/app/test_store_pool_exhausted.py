@@ -20,14 +20,17 @@ def backend() -> Backend:
 
 async def test_a_full_pool_is_503_and_not_ready(make_fence: FenceFactory) -> None:
     fence = await make_fence(top_level="store_pool: {max_size: 1, acquire_timeout_s: 0.3}\n")
-    release = asyncio.Event()
+    release, holding = asyncio.Event(), asyncio.Event()
 
     async def hold(tx: Tx) -> None:
+        holding.set()
         await release.wait()
 
     busy = asyncio.create_task(fence.store.connector.write(hold))
     try:
-        await asyncio.sleep(0)
+        # In its transaction: a write queued meanwhile (behind a background write) would
+        # share it.
+        await holding.wait()
         refused = await fence.acquire_response("supplier:full-pool")
         body = await json_body(refused)
         assert refused.status == 503, body

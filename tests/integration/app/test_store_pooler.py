@@ -178,14 +178,16 @@ async def test_no_free_connection_is_store_unavailable_in_acquire_timeout(pg_url
     then is store_unavailable; readiness's heartbeat says the same."""
     pool = StorePool(1, 1, acquire_timeout_s=0.3)
     async with running(pg_url, pool) as store:
-        release = asyncio.Event()
+        release, holding = asyncio.Event(), asyncio.Event()
 
         async def hold(tx: object) -> None:
+            holding.set()
             await release.wait()
 
         busy = asyncio.create_task(store.connector.write(hold))
         try:
-            await asyncio.sleep(0)
+            # In its transaction: a write queued at the same moment would share it.
+            await holding.wait()
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="in time"):
                 await store.heartbeat()
@@ -269,15 +271,17 @@ async def test_too_many_connections_is_store_unavailable(pg_url: str) -> None:
         url = urlunsplit(
             (parts.scheme, f"{role}@{parts.hostname}:{parts.port}", parts.path, "", "")
         )
-        release = asyncio.Event()
+        release, holding = asyncio.Event(), asyncio.Event()
 
         async def hold(tx: object) -> None:
+            holding.set()
             await release.wait()
 
         async with running(url, StorePool(1, 3)) as store:
             busy = asyncio.create_task(store.connector.write(hold))
             try:
-                await asyncio.sleep(0)
+                # In its transaction: a write queued at the same moment would share it.
+                await holding.wait()
                 with pytest.raises(StoreUnavailable, match="53300"):
                     await store.heartbeat()
             finally:

@@ -1,0 +1,163 @@
+"""Group commit: write operations that queue while the store's connections are busy run
+together, one transaction (and one durable commit) per batch, both backends'.
+
+An `OperationQueue` hands what has queued to a few lanes, each a task that alone uses a
+connection while it runs a batch (SQLite: one writer lane and one reader lane, on their
+own connections; PostgreSQL: a few lanes, each on a pool connection for its batch). An
+operation submitted while a lane is idle goes to it at once, alone (no waiting: a lone
+caller's latency is the transaction's); those that arrive while every lane is busy go
+together in the next batch a lane takes, in the order they were queued (so do those
+that arrive before the lane woken for the first has started). How a batch runs
+(one transaction, and each operation again alone if one failed) is the connector's.
+
+A caller that stops waiting (cancelled) before its batch is taken is left out of it; once
+taken, its operation runs to its end with the others and its answer is dropped: a batch
+is not torn down for one caller, whose operation may then have been kept. With
+`wait_s`, a job that no lane took within that long is answered `StoreUnavailable` and
+left out: it never ran (as a pool's acquire that timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from store.base import StoreUnavailable
+
+MAX_BATCH = 256
+Outcome = tuple[bool, Any]
+J = TypeVar("J")
+_Queued = tuple[J, asyncio.Future[Any], asyncio.TimerHandle | None]
+
+
+def being_cancelled(exc: BaseException) -> bool:
+    """Whether `exc` is the running task's own cancellation (not an operation's error)."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
+
+
+class OperationQueue(Generic[J]):
+    """Jobs (store operations, and what their connector needs to run them), run in the
+    order they were queued by `lanes` tasks: whatever has queued when a lane is free (up
+    to `max_batch`) goes to `run_batch` at once, and each outcome to its own waiter."""
+
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[J]], Awaitable[list[Outcome]]],
+        max_batch: int = MAX_BATCH,
+        lanes: int = 1,
+        wait_s: float | None = None,
+    ) -> None:
+        self._name = name
+        self._run_batch = run_batch
+        self._max_batch = max_batch
+        self._lanes = lanes
+        self._wait_s = wait_s
+        self._jobs: collections.deque[_Queued[J]] = collections.deque()
+        # One waiter per idle lane: a job wakes one lane, not all of them.
+        self._idle: list[asyncio.Future[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._serve(), name=f"{self._name}-{lane}")
+            for lane in range(self._lanes)
+        ]
+
+    def submit(self, job: J) -> asyncio.Future[Any]:
+        """A job, queued now, to run in the next batch."""
+        if not self._tasks or self._closed:
+            raise StoreUnavailable("the store is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        timer = None
+        if self._wait_s is not None and not self._idle:  # no lane takes it at once
+            timer = loop.call_later(self._wait_s, self._expire, future)
+        self._jobs.append((job, future, timer))
+        self._wake(1)
+        return future
+
+    def _expire(self, future: asyncio.Future[Any]) -> None:
+        """A job no lane took in time: its caller hears so, and no lane takes it now."""
+        if not future.done():
+            future.set_exception(
+                StoreUnavailable(f"no store connection was free in time ({self._wait_s} s)")
+            )
+
+    def _wake(self, lanes: int) -> None:
+        while self._idle and lanes > 0:
+            waiter = self._idle.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                lanes -= 1
+
+    async def stop(self) -> None:
+        """Take no more jobs, run those queued, and end the lanes."""
+        self._closed = True
+        self._wake(self._lanes)
+        if self._tasks:
+            await asyncio.wait(self._tasks)  # their own cancellation is not this caller's
+
+    async def _serve(self) -> None:
+        try:
+            while self._jobs or not self._closed:
+                if not self._jobs:
+                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._idle.append(waiter)
+                    try:
+                        await waiter
+                    finally:
+                        if waiter in self._idle:
+                            self._idle.remove(waiter)
+                    continue
+                await self._answer(self._next_batch())
+        finally:
+            # Cancelled (a loop shutting down with the store open): nobody waits in vain.
+            self._closed = True
+            gone = StoreUnavailable("the store closed before this ran")
+            while self._jobs:
+                _, future, timer = self._jobs.popleft()
+                if timer is not None:
+                    timer.cancel()
+                if not future.done():
+                    future.set_exception(gone)
+
+    def _next_batch(self) -> list[tuple[J, asyncio.Future[Any]]]:
+        """The queued jobs, up to a batch, but those whose caller stopped waiting (or was
+        answered that none was free)."""
+        batch: list[tuple[J, asyncio.Future[Any]]] = []
+        while self._jobs and len(batch) < self._max_batch:
+            job, future, timer = self._jobs.popleft()
+            if timer is not None:
+                timer.cancel()
+            if not future.done():
+                batch.append((job, future))
+        return batch
+
+    async def _answer(self, batch: list[tuple[J, asyncio.Future[Any]]]) -> None:
+        if not batch:
+            return
+        try:
+            outcomes = await self._run_batch([job for job, _ in batch])
+        except BaseException as exc:  # a bug in the runner: its batch hears of it, not later ones
+            if being_cancelled(exc):
+                outcomes = [(False, StoreUnavailable("the store closed while this ran"))]
+                outcomes *= len(batch)
+                _resolve(batch, outcomes)
+                raise
+            outcomes = [(False, exc)] * len(batch)
+        _resolve(batch, outcomes)
+
+
+def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], outcomes: list[Outcome]) -> None:
+    for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+        if future.done():  # its waiter was cancelled
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)

@@ -1,0 +1,99 @@
+"""The lanes of an `OperationQueue` (store/operation_queue.py): a job finds an idle lane at
+once, those that arrive while every lane is busy go together in the next batch, and one
+no lane took within `wait_s` is refused without running."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from store.base import StoreUnavailable
+from store.operation_queue import OperationQueue, Outcome
+
+WAIT_S = 5.0
+
+
+class Lanes:
+    """A batch runner whose batches wait for `go` when a job says "wait"; it records
+    each batch's jobs."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.go = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def __call__(self, jobs: list[str]) -> list[Outcome]:
+        self.batches.append(jobs)
+        if "wait" in jobs:
+            self.waiting.set()
+            await self.go.wait()
+        return [(True, job) for job in jobs]
+
+
+async def test_a_job_runs_at_once_on_an_idle_lane_while_another_lane_is_busy() -> None:
+    lanes = Lanes()
+    queue: OperationQueue[str] = OperationQueue("test", lanes, lanes=2)
+    queue.start()
+    busy = queue.submit("wait")
+    await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
+    assert await asyncio.wait_for(queue.submit("alone"), WAIT_S) == "alone"
+    lanes.go.set()
+    await asyncio.wait_for(busy, WAIT_S)
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert lanes.batches == [["wait"], ["alone"]]
+
+
+async def test_jobs_that_arrive_while_every_lane_is_busy_run_as_one_batch() -> None:
+    lanes = Lanes()
+    queue: OperationQueue[str] = OperationQueue("test", lanes, lanes=2)
+    queue.start()
+    busy = [queue.submit("wait")]
+    await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
+    busy.append(queue.submit("wait"))  # the other lane's
+    await asyncio.sleep(0.05)
+    queued = [queue.submit(name) for name in ("a", "b", "c")]
+    lanes.go.set()
+    assert await asyncio.wait_for(asyncio.gather(*queued), WAIT_S) == ["a", "b", "c"]
+    await asyncio.wait_for(asyncio.gather(*busy), WAIT_S)
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert lanes.batches == [["wait"], ["wait"], ["a", "b", "c"]]
+
+
+async def test_a_job_no_lane_took_in_time_is_refused_and_never_runs() -> None:
+    lanes = Lanes()
+    queue: OperationQueue[str] = OperationQueue("test", lanes, lanes=1, wait_s=0.1)
+    queue.start()
+    busy = queue.submit("wait")
+    await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
+    late = queue.submit("late")
+    with pytest.raises(StoreUnavailable, match="no store connection was free in time"):
+        await asyncio.wait_for(late, WAIT_S)
+    lanes.go.set()
+    assert await asyncio.wait_for(busy, WAIT_S) == "wait"
+    # Taken by an idle lane: no time limit once it runs.
+    lanes.go.clear()
+    lanes.waiting.clear()
+    slow = queue.submit("wait")
+    await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
+    await asyncio.sleep(0.2)
+    lanes.go.set()
+    assert await asyncio.wait_for(slow, WAIT_S) == "wait"
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert lanes.batches == [["wait"], ["wait"]]
+
+
+async def test_stopping_answers_what_was_queued_by_running_it() -> None:
+    ran: list[Any] = []
+
+    async def run(jobs: list[str]) -> list[Outcome]:
+        ran.extend(jobs)
+        return [(True, job) for job in jobs]
+
+    queue: OperationQueue[str] = OperationQueue("test", run, lanes=3)
+    queue.start()
+    waiters = [queue.submit(str(n)) for n in range(5)]
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert [await waiter for waiter in waiters] == ["0", "1", "2", "3", "4"]
+    assert sorted(ran) == ["0", "1", "2", "3", "4"]
