@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import pytest
 from aiohttp import ClientResponse, web
@@ -47,6 +48,7 @@ from store import Store
 from tests import pg
 from tests.integration.app import backends
 from tests.integration.app.backends import BACKENDS, Backend
+from tests.nemesis.pgrelay import PgRelay
 
 ADMIN_TOKEN = "admin-secret-for-integration-tests-0123456789"
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
@@ -418,6 +420,15 @@ def store_url(backend: Backend, tmp_path: Path, request: pytest.FixtureRequest) 
         return f"sqlite:///{tmp_path / 'fence.db'}"
     database: str = request.getfixturevalue("pg_database")
     return backends.create_schema(database)
+
+
+@pytest.fixture
+def relay(store_url: str) -> Iterator[PgRelay]:
+    """A relay between the test's store connections and PostgreSQL, to cut or hold the
+    database's answers (a PostgreSQL test's: `store_url` is one)."""
+    parts = urlsplit(store_url)
+    with PgRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as running:
+        yield running
 
 
 @pytest.fixture

@@ -6,9 +6,6 @@ names the effect that `settle_unsent` then finds (or not) and settles NOT_SENT."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from urllib.parse import urlsplit
-
 import pytest
 
 from store import AdmissionInDoubt, CommitUnknown, NewEffect, StoreUnavailable
@@ -25,13 +22,6 @@ ADMISSION = "fenceproxy_admission_state"
 @pytest.fixture
 def backend() -> Backend:
     return "postgresql"
-
-
-@pytest.fixture
-def relay(store_url: str) -> Iterator[PgRelay]:
-    parts = urlsplit(store_url)
-    with PgRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as running:
-        yield running
 
 
 def _new(key: str) -> NewEffect:

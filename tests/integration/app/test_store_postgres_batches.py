@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -35,13 +34,6 @@ WAIT_S = 10.0
 @pytest.fixture
 def backend() -> Backend:
     return "postgresql"
-
-
-@pytest.fixture
-def relay(store_url: str) -> Iterator[PgRelay]:
-    parts = urlsplit(store_url)
-    with PgRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as running:
-        yield running
 
 
 @contextlib.asynccontextmanager
@@ -68,6 +60,18 @@ async def batched(
 ) -> list[asyncio.Task[Any]]:
     """`calls` (each a store call that makes one write), queued behind a write that holds
     the store's one lane, then let go together: they run as one batch. Their tasks."""
+    async with lane_held(store) as let_go:
+        tasks = [asyncio.create_task(call()) for call in calls]
+        await asyncio.sleep(0.05)  # every call has queued its write behind the lane's
+        let_go.set()
+    await asyncio.wait(tasks, timeout=WAIT_S)
+    return tasks
+
+
+@contextlib.asynccontextmanager
+async def lane_held(store: Store) -> AsyncIterator[asyncio.Event]:
+    """The store's one lane held by a write until the event it yields is set (at the
+    latest on leaving, which waits for that write's end)."""
     held, let_go = asyncio.Event(), asyncio.Event()
 
     async def hold(tx: Tx) -> None:
@@ -76,12 +80,11 @@ async def batched(
 
     holding = asyncio.create_task(store.connector.write(hold))
     await asyncio.wait_for(held.wait(), WAIT_S)
-    tasks = [asyncio.create_task(call()) for call in calls]
-    await asyncio.sleep(0.05)  # every call has queued its write behind the lane's
-    let_go.set()
-    await asyncio.wait_for(holding, WAIT_S)
-    await asyncio.wait(tasks, timeout=WAIT_S)
-    return tasks
+    try:
+        yield let_go
+    finally:
+        let_go.set()
+        await asyncio.wait_for(holding, WAIT_S)
 
 
 def writing(store: Store, operation: Operation[Any]) -> Callable[[], Coroutine[Any, Any, Any]]:
@@ -89,6 +92,8 @@ def writing(store: Store, operation: Operation[Any]) -> Callable[[], Coroutine[A
 
 
 async def transaction_id(tx: Tx) -> int:
+    # The store has no named query for it and needs none: the test asks the connection
+    # its transaction runs on (PostgresTx keeps it private; the test is the store's own).
     return int(await cast(PostgresTx, tx)._conn.fetchval("SELECT txid_current()"))
 
 
@@ -280,20 +285,11 @@ async def test_a_caller_that_stops_waiting_is_left_out_of_a_batch_not_yet_taken(
         return operation
 
     async with one_lane_store(store_url, clock) as store:
-        held, let_go = asyncio.Event(), asyncio.Event()
-
-        async def hold(tx: Tx) -> None:
-            held.set()
-            await let_go.wait()
-
-        holding = asyncio.create_task(store.connector.write(hold))
-        await asyncio.wait_for(held.wait(), WAIT_S)
-        gone = asyncio.create_task(store.connector.write(marking("gone")))
-        kept = asyncio.create_task(store.connector.write(marking("kept")))
-        await asyncio.sleep(0.05)
-        gone.cancel()
-        let_go.set()
-        await asyncio.wait_for(holding, WAIT_S)
+        async with lane_held(store):
+            gone = asyncio.create_task(store.connector.write(marking("gone")))
+            kept = asyncio.create_task(store.connector.write(marking("kept")))
+            await asyncio.sleep(0.05)
+            gone.cancel()
         assert await asyncio.wait_for(kept, WAIT_S) == "kept"
         assert gone.cancelled()
     assert ran == ["kept"]
@@ -314,23 +310,15 @@ async def test_a_caller_that_stops_waiting_while_its_batch_runs_leaves_the_batch
         return await tx.execute("set_resource_epoch", resource="answered", epoch=4)
 
     async with one_lane_store(store_url, clock) as store:
-        held, let_go = asyncio.Event(), asyncio.Event()
-
-        async def hold(tx: Tx) -> None:
-            held.set()
-            await let_go.wait()
-
-        holding = asyncio.create_task(store.connector.write(hold))
-        await asyncio.wait_for(held.wait(), WAIT_S)
-        cancelled = asyncio.create_task(store.connector.write(slow))
-        answered = asyncio.create_task(store.connector.write(other))
-        await asyncio.sleep(0.05)
-        let_go.set()
-        await asyncio.wait_for(started.wait(), WAIT_S)
-        cancelled.cancel()
-        go_on.set()
-        assert await asyncio.wait_for(answered, WAIT_S) == 1
-        await asyncio.wait_for(holding, WAIT_S)
+        async with lane_held(store) as let_go:
+            cancelled = asyncio.create_task(store.connector.write(slow))
+            answered = asyncio.create_task(store.connector.write(other))
+            await asyncio.sleep(0.05)
+            let_go.set()
+            await asyncio.wait_for(started.wait(), WAIT_S)
+            cancelled.cancel()
+            go_on.set()
+            assert await asyncio.wait_for(answered, WAIT_S) == 1
         assert cancelled.cancelled()
     rows = await backends.rows(
         store_url,
