@@ -89,10 +89,11 @@ Queries = dict[str, tuple[str, list[str]]]
 
 
 # Lanes are not cores: each more lane splits the same writes into more, smaller
-# transactions, each with its own BEGIN, COMMIT, two history checks and WAL flush. With
-# the default pool of ten, three lanes instead of five cost PostgreSQL about a fifth less
-# CPU per fenced write, the proxy about a tenth less, and served more requests; two
-# served fewer (bench/README.md, "Write lanes").
+# transactions, each with its own BEGIN, COMMIT, two history checks and WAL flush, and
+# adds a server process contending for the database's cores. With the default pool of
+# ten, three lanes instead of five cost PostgreSQL about a tenth less CPU per fenced
+# write and the proxy about a twentieth less; two served fewer requests, four were
+# between (bench/README.md, "Write lanes").
 MAX_WRITE_LANES = 3
 
 
