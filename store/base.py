@@ -104,18 +104,23 @@ class Connector(Protocol):
 
     async def close(self) -> None: ...
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+    async def write(
+        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+    ) -> T:
         """Run `operation` in a write transaction; return only after it is durable.
         `own_clock`: the operation's first statement answers the time (`now`, which
         the operation sets as tx.now if not NULL) and the store id (`store_id`, checked
-        by the connector), so the connector need not ask for them first."""
+        by the connector), so the connector need not ask for them first. `resource`:
+        the resource whose row lock the operation takes first, if the caller knows it
+        (store/operation_queue.py: a batch takes its writes' locks in resource order)."""
         ...
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         """One named block as a write transaction of its own, durable on return; its
         row's values, in the order of the block's columns (the receipt's: store/steps.py
         RECEIPT_COLUMNS), whose `store_id` is checked by the connector, which passes its
-        own as the `store_id` parameter. None when this backend's block is empty: the
+        own as the `store_id` parameter, and whose `resource` parameter, if any, is the
+        resource it locks (as `write`'s). None when this backend's block is empty: the
         caller then does the same step by step in a write transaction."""
         ...
 

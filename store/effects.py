@@ -48,6 +48,7 @@ class Effects(StorePart):
             decided = await self.connector.write(
                 self._admission(token_hash, new, clients, key_cleared, effect_id),
                 own_clock=True,
+                resource=new.resource,
             )
         except CommitUnknown as exc:
             raise AdmissionInDoubt(str(exc), effect_id, new.resource) from exc
@@ -179,7 +180,7 @@ class Effects(StorePart):
             assert step is not None  # the row was read under the lock
             return step.effect
 
-        return await self.connector.write(operation)
+        return await self.connector.write(operation, resource=resource)
 
     async def finish_effect(
         self,
@@ -243,7 +244,8 @@ class Effects(StorePart):
             assert step.transition is not None
             return Receipt(step.transition, step.effect, step.key_holder)
 
-        return await self.connector.write(operation)
+        locks = admitted.resource if admitted is not None else None
+        return await self.connector.write(operation, resource=locks)
 
     async def _receipt_as_admitted(
         self,

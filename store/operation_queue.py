@@ -10,6 +10,26 @@ together in the next batch a lane takes, in the order they were queued (so do th
 that arrive before the lane woken for the first has started). How a batch runs
 (one transaction, and each operation again alone if one failed) is the connector's.
 
+The order a batch's writes run in. PostgreSQL runs them in the order of the resources
+they lock (those whose caller names it, store/postgres.py `_lock_order`; the others
+after them), so that two batches (two lanes, or two replicas) that lock resources A
+and B take them in one order and neither waits for the other's second lock: crossed,
+PostgreSQL broke the deadlock by failing one batch, whose writes then ran again one by
+one. Writes to one resource keep the order they queued in. The order of writes to
+different resources is not promised to anyone: every write of a batch was waiting when
+the batch was taken and none is answered before its COMMIT, so they were concurrent,
+and any order of them is one they could have met running alone. Each decides under
+its own resource's lock: its lease and epoch, its idempotency keys (a key is the
+resource's), its effects and their history. What differs with the order, and is no
+promise: each write's time (it is judged when it runs, `clock_timestamp()`), the
+history's event ids, and which of two acquires of one quota subject on different
+resources counts the other's lease under `max_live_leases` (the one that runs first
+finds the room, as it could have alone). Refusal tallies are counted after the
+transaction and written by writes of their own. Locks taken after a write's resource
+(a quota subject's) are not ordered: two batches crossed there still deadlock, and
+end as before. SQLite has one writer and no row locks: its batches keep the queue's
+order.
+
 A caller that stops waiting (cancelled) before its batch is taken is left out of it; once
 taken, its operation runs to its end with the others and its answer is dropped: a batch
 is not torn down for one caller, whose operation may then have been kept. With

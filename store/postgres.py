@@ -3,8 +3,9 @@
 Each read is one transaction on a pooled connection. Writes go through lanes
 (store/operation_queue.py, the SQLite connector's group commit): a write that finds a
 lane idle runs at once, alone, one transaction; writes that arrive while every lane is
-busy run together in the next batch a lane takes, one transaction in their order (one
-BEGIN, one COMMIT, one WAL flush), none answered before that COMMIT returned. If the
+busy run together in the next batch a lane takes, one transaction (one BEGIN, one
+COMMIT, one WAL flush) in the order of the resources they lock (store/operation_queue.py
+says why that order is no promise broken), none answered before that COMMIT returned. If the
 batch fails before its COMMIT (one write's error, a conflict, a deadlock with another
 batch) it was rolled back and each write runs again alone, with its own retries; if the
 COMMIT's answer is lost, each write's is (`CommitUnknown`). A caller that stops waiting
@@ -567,8 +568,11 @@ class PostgresConnector:
         if found != self.store_id:
             raise StoreUnavailable(self._lose(f"now {found}"))
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        return cast(T, await self._submit(_Write(operation, own_clock, statement=False)))
+    async def write(
+        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+    ) -> T:
+        write = _Write(operation, own_clock, statement=False, resource=resource)
+        return cast(T, await self._submit(write))
 
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
@@ -580,7 +584,8 @@ class PostgresConnector:
         async def operation(tx: Tx) -> Values | None:
             return await tx.values(query, **params, store_id=self.store_id)
 
-        return cast(Values | None, await self._submit(_Write(operation, True, statement=True)))
+        write = _Write(operation, True, statement=True, resource=params.get("resource"))
+        return cast(Values | None, await self._submit(write))
 
     async def _submit(self, write: _Write) -> Any:
         if self._writes is None:
@@ -590,14 +595,20 @@ class PostgresConnector:
         return await self._writes.submit(write)
 
     async def _write_batch(self, writes: list[_Write]) -> list[Outcome]:
-        """Writes that queued together, in one transaction; if that failed before its
-        COMMIT, each again alone, so that one write's failure (its own error, a
-        conflict, a deadlock with another batch) is nobody else's answer."""
+        """Writes that queued together, in one transaction, in the order of the
+        resources they lock (`_lock_order`); if that failed before its COMMIT, each
+        again alone, so that one write's failure (its own error, a conflict, a
+        deadlock with another batch) is nobody else's answer. Their outcomes in the
+        order they came."""
+        order = sorted(range(len(writes)), key=lambda n: _lock_order(writes[n]))
+        in_order = [writes[n] for n in order]
+        outcomes = None
         if len(writes) > 1:
-            together = await self._together(writes)
-            if together is not None:
-                return together
-        return [await self._alone(write) for write in writes]
+            outcomes = await self._together(in_order)
+        if outcomes is None:
+            outcomes = [await self._alone(write) for write in in_order]
+        answered = dict(zip(order, outcomes, strict=True))
+        return [answered[n] for n in range(len(writes))]
 
     async def _alone(self, write: _Write) -> Outcome:
         try:
@@ -690,6 +701,15 @@ class _Write:
     operation: Operation[Any]
     own_clock: bool
     statement: bool
+    resource: str | None
+
+
+def _lock_order(write: _Write) -> tuple[bool, str]:
+    """Where a write runs in its batch: those that name the resource they lock first,
+    by resource (so two batches, of this replica's lanes or another's, take those
+    locks in one order and never deadlock on them), then those that do not; Python's
+    sort is stable, so writes to one resource keep the order they queued in."""
+    return write.resource is None, write.resource or ""
 
 
 def _cannot_open(exc: BaseException) -> StoreUnavailable:

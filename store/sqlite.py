@@ -387,8 +387,11 @@ class SQLiteConnector:
                     break
         return self.lost
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        # own_clock: this backend's clock is the connector's anyway.
+    async def write(
+        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+    ) -> T:
+        # own_clock: this backend's clock is the connector's anyway. resource: one
+        # writer takes no row locks, so a batch's order is the queue's.
         if self._writes is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:

@@ -301,8 +301,10 @@ class MidRead:
     async def close(self) -> None:
         await self._inner.close()
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        return await self._inner.write(operation, own_clock)
+    async def write(
+        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+    ) -> T:
+        return await self._inner.write(operation, own_clock, resource)
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         return await self._inner.statement(query, **params)
