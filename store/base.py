@@ -87,6 +87,12 @@ class Connector(Protocol):
     # The schema files' and the migrations' folder name: "postgresql" or "sqlite".
     backend: str
 
+    @property
+    def writes_queued(self) -> int:
+        """How many writes wait for a write lane now (store/operation_queue.py): the
+        group commit's backlog, 0 while the store is closed."""
+        ...
+
     async def open(self) -> None:
         """Connect; nothing of the schema is read yet (there may be none)."""
         ...

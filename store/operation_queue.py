@@ -82,6 +82,12 @@ class OperationQueue(Generic[J]):
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
+    @property
+    def queued(self) -> int:
+        """How many jobs wait for a lane now (they run in the next batch); those whose
+        caller stopped waiting, or that were refused for waiting too long, are not."""
+        return sum(1 for _, future, _ in self._jobs if not future.done())
+
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._serve(), name=f"{self._name}-{lane}")

@@ -351,6 +351,10 @@ class PostgresConnector:
     def replication(self, replication: Replication | None) -> None:
         self.history.replication = replication
 
+    @property
+    def writes_queued(self) -> int:
+        return self._writes.queued if self._writes is not None else 0
+
     async def open(self) -> None:
         await check_server(self.url, self.pool, self._queries)
         try:

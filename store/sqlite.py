@@ -304,6 +304,10 @@ class SQLiteConnector:
             await conn.execute(f"PRAGMA {pragma}")
         return conn
 
+    @property
+    def writes_queued(self) -> int:
+        return self._writes.queued if self._writes is not None else 0
+
     async def open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -289,6 +289,10 @@ class MidRead:
     def replication(self, replication: Replication | None) -> None:
         self._inner.replication = replication
 
+    @property
+    def writes_queued(self) -> int:
+        return self._inner.writes_queued
+
     async def open(self) -> None:
         await self._inner.open()
 

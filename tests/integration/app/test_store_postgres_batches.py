@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ import pytest
 
 from core.lifecycle import Event
 from policies.model import StorePool
+from proxy.metrics import Metrics
 from store import AdmissionInDoubt, Admitted, NewEffect, Store, StoreError, open_store
 from store.base import Operation, Tx
 from store.postgres import PostgresConnector, PostgresTx, write_lanes
@@ -63,10 +65,19 @@ async def batched(
     the store's one lane, then let go together: they run as one batch. Their tasks."""
     async with lane_held(store) as let_go:
         tasks = [asyncio.create_task(call()) for call in calls]
-        await asyncio.sleep(0.05)  # every call has queued its write behind the lane's
+        await writes_queued(store, len(calls))
         let_go.set()
     await asyncio.wait(tasks, timeout=WAIT_S)
     return tasks
+
+
+async def writes_queued(store: Store, n: int) -> None:
+    """Until `n` writes wait for the store's lane (polled: the queue tells nobody)."""
+
+    async def queued() -> bool:
+        return store.connector.writes_queued == n
+
+    await eventually(f"{n} writes to queue behind the lane", queued, WAIT_S, 0.005)
 
 
 @contextlib.asynccontextmanager
@@ -297,8 +308,10 @@ async def test_a_caller_that_stops_waiting_is_left_out_of_a_batch_not_yet_taken(
         async with lane_held(store):
             gone = asyncio.create_task(store.connector.write(marking("gone")))
             kept = asyncio.create_task(store.connector.write(marking("kept")))
-            await asyncio.sleep(0.05)
+            await writes_queued(store, 2)
             gone.cancel()
+            await asyncio.wait([gone])
+            assert store.connector.writes_queued == 1  # its caller left: not counted
         assert await asyncio.wait_for(kept, WAIT_S) == "kept"
         assert gone.cancelled()
     assert ran == ["kept"]
@@ -322,7 +335,7 @@ async def test_a_caller_that_stops_waiting_while_its_batch_runs_leaves_the_batch
         async with lane_held(store) as let_go:
             cancelled = asyncio.create_task(store.connector.write(slow))
             answered = asyncio.create_task(store.connector.write(other))
-            await asyncio.sleep(0.05)
+            await writes_queued(store, 2)
             let_go.set()
             await asyncio.wait_for(started.wait(), WAIT_S)
             cancelled.cancel()
@@ -439,3 +452,21 @@ async def test_a_batch_runs_its_writes_in_resource_order_keeping_queue_order_per
         )
         assert [task.result() for task in tasks] == [name for name, _ in writes]
     assert ran == ["a-1", "a-2", "b-1", "b-2", "none-1", "none-2"]
+
+
+async def test_the_metrics_export_the_writes_waiting_for_a_lane(
+    store_url: str, clock: FakeClock
+) -> None:
+    def exported(metrics: bytes) -> str:
+        found = re.search(rb"^fenceproxy_store_writes_queued (\S+)$", metrics, re.MULTILINE)
+        assert found is not None
+        return found.group(1).decode()
+
+    async with one_lane_store(store_url, clock) as store:
+        metrics = Metrics()
+        async with lane_held(store):
+            waiting = [asyncio.create_task(store.connector.write(transaction_id)) for _ in "ab"]
+            await writes_queued(store, 2)
+            assert exported(await metrics.render(store)) == "2.0"
+        await asyncio.wait(waiting, timeout=WAIT_S)
+        assert exported(await metrics.render(store)) == "0.0"
