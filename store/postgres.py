@@ -49,6 +49,7 @@ from typing import Any, cast
 import asyncpg
 
 from policies.model import StorePool
+from proxy import failpoints
 from store import history, sqlstate
 from store.base import (
     CommitUnknown,
@@ -636,7 +637,12 @@ class PostgresConnector:
         assert self._pool is not None  # the lanes run only while the store is open
 
         async def body() -> list[Outcome]:
-            return [(True, await self._step(conn, w.operation, w.own_clock)) for w in writes]
+            outcomes: list[Outcome] = []
+            for write in writes:
+                if outcomes and write.resource is not None:
+                    failpoints.reach(failpoints.MID_BATCH)
+                outcomes.append((True, await self._step(conn, write.operation, write.own_clock)))
+            return outcomes
 
         try:
             async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
