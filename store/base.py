@@ -45,6 +45,11 @@ class AdmissionInDoubt(CommitUnknown):
         self.resource = resource
 
 
+# A write's outcome, told when its caller stopped waiting once it was taken into a
+# batch (`Connector.write`): ok, and its result or its error.
+Left = Callable[[bool, Any], None]
+
+
 class Tx(Protocol):
     """One transaction; every statement is a named query of the backend's SQL file."""
 
@@ -111,14 +116,21 @@ class Connector(Protocol):
     async def close(self) -> None: ...
 
     async def write(
-        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
     ) -> T:
         """Run `operation` in a write transaction; return only after it is durable.
         `own_clock`: the operation's first statement answers the time (`now`, which
         the operation sets as tx.now if not NULL) and the store id (`store_id`, checked
         by the connector), so the connector need not ask for them first. `resource`:
         the resource whose row lock the operation takes first, if the caller knows it
-        (store/operation_queue.py: a batch takes its writes' locks in resource order)."""
+        (store/operation_queue.py: a batch takes its writes' locks in resource order).
+        `left`: told the operation's outcome (ok, and its result or error) if the caller
+        stops waiting (is cancelled) once the operation was taken into a batch: it then
+        runs, or may have run, with the others."""
         ...
 
     async def statement(self, query: str, **params: Any) -> Values | None:

@@ -36,19 +36,31 @@ class Effects(StorePart):
         new: NewEffect,
         clients: fencing.Clients = None,
         key_cleared: bool = False,
+        left: Callable[[AdmissionInDoubt], None] | None = None,
     ) -> Admitted | Replay | Refusal | UnknownKey:
         """Check the token (and, with `clients`, its client's standing: see `renew`) and
         record the effect as DISPATCHING, in one transaction. In the recovery window, a
-        key the store does not know is `UnknownKey` unless `key_cleared`."""
+        key the store does not know is `UnknownKey` unless `key_cleared`. `left` is told
+        of an effect this admission recorded, or may have, after its caller stopped
+        waiting (store/operation_queue.py): nobody will send it."""
         # Made before the transaction, so that an admission whose COMMIT's answer is lost
         # names the effect it may have recorded (an attempt the connector repeats after a
         # serialization failure was rolled back: its id was never stored).
         effect_id = _new_effect_id()
+        caller_left = None
+        if left is not None:
+
+            def caller_left(ok: bool, decided: Any) -> None:
+                if (ok and isinstance(decided, Admitted)) or isinstance(decided, CommitUnknown):
+                    why = "its caller stopped waiting while its admission ran in a batch"
+                    left(AdmissionInDoubt(why, effect_id, new.resource))
+
         try:
             decided = await self.connector.write(
                 self._admission(token_hash, new, clients, key_cleared, effect_id),
                 own_clock=True,
                 resource=new.resource,
+                left=caller_left,
             )
         except CommitUnknown as exc:
             raise AdmissionInDoubt(str(exc), effect_id, new.resource) from exc

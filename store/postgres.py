@@ -53,6 +53,7 @@ from proxy import failpoints
 from store import history, sqlstate
 from store.base import (
     CommitUnknown,
+    Left,
     Operation,
     Row,
     SchemaOperation,
@@ -574,10 +575,14 @@ class PostgresConnector:
             raise StoreUnavailable(self._lose(f"now {found}"))
 
     async def write(
-        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
     ) -> T:
         write = _Write(operation, own_clock, statement=False, resource=resource)
-        return cast(T, await self._submit(write))
+        return cast(T, await self._submit(write, left))
 
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
@@ -592,12 +597,12 @@ class PostgresConnector:
         write = _Write(operation, True, statement=True, resource=params.get("resource"))
         return cast(Values | None, await self._submit(write))
 
-    async def _submit(self, write: _Write) -> Any:
+    async def _submit(self, write: _Write, left: Left | None = None) -> Any:
         if self._writes is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return await self._writes.submit(write)
+        return await self._writes.submit(write, left)
 
     async def _write_batch(self, writes: list[_Write]) -> list[Outcome]:
         """Writes that queued together, in one transaction, in the order of the

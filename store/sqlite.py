@@ -48,6 +48,7 @@ import aiosqlite
 
 from store.base import (
     CommitUnknown,
+    Left,
     Operation,
     Row,
     SchemaOperation,
@@ -392,7 +393,11 @@ class SQLiteConnector:
         return self.lost
 
     async def write(
-        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
     ) -> T:
         # own_clock: this backend's clock is the connector's anyway. resource: one
         # writer takes no row locks, so a batch's order is the queue's.
@@ -400,7 +405,7 @@ class SQLiteConnector:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return cast(T, await self._writes.submit(operation))
+        return cast(T, await self._writes.submit(operation, left))
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         """A block as a write transaction of its own, at the transaction's time (`now`):

@@ -57,7 +57,7 @@ from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
-from store.base import Connector, Operation, Row, SchemaOperation, T, Tx, Values
+from store.base import Connector, Left, Operation, Row, SchemaOperation, T, Tx, Values
 from store.history import RecoveryWindow, Replication
 from tests.simulation.tables import EventRow, Moment, moment_of
 
@@ -306,9 +306,13 @@ class MidRead:
         await self._inner.close()
 
     async def write(
-        self, operation: Operation[T], own_clock: bool = False, resource: str | None = None
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
     ) -> T:
-        return await self._inner.write(operation, own_clock, resource)
+        return await self._inner.write(operation, own_clock, resource, left)
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         return await self._inner.statement(query, **params)

@@ -5,6 +5,7 @@ no lane took within `wait_s` is refused without running."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -130,3 +131,40 @@ async def test_the_jobs_queued_are_those_waiting_for_a_lane_whose_caller_still_w
     await asyncio.wait_for(busy, WAIT_S)
     await asyncio.wait_for(queue.stop(), WAIT_S)
     assert lanes.batches == [["wait"], ["kept"]]
+
+
+async def test_a_job_whose_caller_left_once_it_was_taken_tells_its_outcome_to_left() -> None:
+    """Taken, it runs with its batch and its outcome goes to `left`; left out before it
+    was taken, it never runs and `left` hears nothing."""
+    running = {"first": asyncio.Event(), "second": asyncio.Event()}
+    go = {"first": asyncio.Event(), "second": asyncio.Event()}
+    ran: list[list[str]] = []
+
+    async def run(jobs: list[str]) -> list[Outcome]:
+        ran.append(jobs)
+        for name in running:
+            if name in jobs:
+                running[name].set()
+                await go[name].wait()
+        return [(True, job) for job in jobs]
+
+    queue: OperationQueue[str] = OperationQueue("test", run, lanes=1)
+    queue.start()
+    told: list[tuple[str, bool, Any]] = []
+
+    def left(name: str) -> Callable[[bool, Any], None]:
+        return lambda ok, value: told.append((name, ok, value))
+
+    first = queue.submit("first")
+    await asyncio.wait_for(running["first"].wait(), WAIT_S)
+    never_taken = queue.submit("never taken", left("never taken"))
+    never_taken.cancel()
+    second = queue.submit("second", left("second"))
+    go["first"].set()
+    await asyncio.wait_for(running["second"].wait(), WAIT_S)
+    second.cancel()
+    go["second"].set()
+    assert await asyncio.wait_for(first, WAIT_S) == "first"
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert told == [("second", True, "second")]
+    assert ran == [["first"], ["second"]]
