@@ -19,7 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from core import telemetry
+from core import failpoints, telemetry
 from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
@@ -35,7 +35,7 @@ from core.records import (
 )
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
-from proxy import failpoints, forwarding, periodic
+from proxy import forwarding, periodic
 from proxy.auth import take_credentials
 from proxy.problems import problem, refusal_response
 from proxy.requests import (

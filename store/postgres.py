@@ -9,7 +9,8 @@ says why that order is no promise broken), none answered before that COMMIT retu
 batch fails before its COMMIT (one write's error, a conflict, a deadlock with another
 batch) it was rolled back and each write runs again alone, with its own retries; if the
 COMMIT's answer is lost, each write's is (`CommitUnknown`). A caller that stops waiting
-is left out of a batch not yet taken; once taken, its write runs with the others.
+is left out of a batch not yet taken; once taken, its write runs with the others (its
+outcome told to the `left` it gave, if any).
 
 Decisions about a resource take its row lock first (the `lock_resource` query), so two
 replicas never both grant a live lease or admit writes under different epochs. Time is
@@ -48,8 +49,8 @@ from typing import Any, cast
 
 import asyncpg
 
+from core import failpoints
 from policies.model import StorePool
-from proxy import failpoints
 from store import history, sqlstate
 from store.base import (
     CommitUnknown,
@@ -610,11 +611,11 @@ class PostgresConnector:
         again alone, so that one write's failure (its own error, a conflict, a
         deadlock with another batch) is nobody else's answer. Their outcomes in the
         order they came."""
+        if len(writes) == 1:
+            return [await self._alone(writes[0])]
         order = sorted(range(len(writes)), key=lambda n: _lock_order(writes[n]))
         in_order = [writes[n] for n in order]
-        outcomes = None
-        if len(writes) > 1:
-            outcomes = await self._together(in_order)
+        outcomes = await self._together(in_order)
         if outcomes is None:
             outcomes = [await self._alone(write) for write in in_order]
         answered = dict(zip(order, outcomes, strict=True))
@@ -710,8 +711,9 @@ class PostgresConnector:
 @dataclass(frozen=True)
 class _Write:
     """A write for the lanes: its operation, whether its first statement answers the
-    time (`own_clock`), and whether it is a single statement (`Connector.statement`:
-    alone, a transaction of its own, without BEGIN and COMMIT)."""
+    time (`own_clock`), whether it is a single statement (`Connector.statement`:
+    alone, a transaction of its own, without BEGIN and COMMIT), and the resource whose
+    lock it takes first, if known (its place in a batch, `_lock_order`)."""
 
     operation: Operation[Any]
     own_clock: bool

@@ -34,7 +34,7 @@ import aiohttp
 import asyncpg
 import yaml
 
-from proxy import failpoints
+from core import failpoints
 from tests.integration.replicas.conftest import (
     Answer,
     Api,

@@ -5,7 +5,8 @@ tests that pause a replica at an exact place with real processes.
 only the first time that point is reached. `serve` reads it once as it starts. At an
 enabled point the process stops itself (SIGSTOP), as a GC or VM pause would stop it,
 so the test knows where it is paused (/proc/PID/stat says `T`) and goes on with
-SIGCONT. Off (the variable unset or empty), each point costs one frozenset test.
+SIGCONT. Off (the variable unset or empty), each point costs one frozenset test. Here,
+below the store and the proxy, so that both reach their points through one switch.
 
 The points, in the order a fenced request reaches them:
 
