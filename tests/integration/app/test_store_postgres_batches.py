@@ -105,6 +105,16 @@ def writing(
     return lambda: store.connector.write(operation, resource=resource)
 
 
+def marking(ran: list[str], name: str) -> Operation[str]:
+    """A write that notes, in `ran`, that it ran, and answers its name."""
+
+    async def operation(tx: Tx) -> str:
+        ran.append(name)
+        return name
+
+    return operation
+
+
 async def transaction_id(tx: Tx) -> int:
     # The store has no named query for it and needs none: the test asks the connection
     # its transaction runs on (PostgresTx keeps it private; the test is the store's own).
@@ -297,17 +307,10 @@ async def test_a_caller_that_stops_waiting_is_left_out_of_a_batch_not_yet_taken(
 ) -> None:
     ran: list[str] = []
 
-    def marking(name: str) -> Operation[str]:
-        async def operation(tx: Tx) -> str:
-            ran.append(name)
-            return name
-
-        return operation
-
     async with one_lane_store(store_url, clock) as store:
         async with lane_held(store):
-            gone = asyncio.create_task(store.connector.write(marking("gone")))
-            kept = asyncio.create_task(store.connector.write(marking("kept")))
+            gone = asyncio.create_task(store.connector.write(marking(ran, "gone")))
+            kept = asyncio.create_task(store.connector.write(marking(ran, "kept")))
             await writes_queued(store, 2)
             gone.cancel()
             await asyncio.wait([gone])
@@ -423,13 +426,6 @@ async def test_a_batch_runs_its_writes_in_resource_order_keeping_queue_order_per
     no resource run after those that do, in queue order."""
     ran: list[str] = []
 
-    def marking(name: str) -> Operation[str]:
-        async def operation(tx: Tx) -> str:
-            ran.append(name)
-            return name
-
-        return operation
-
     async with one_lane_store(store_url, clock) as store:
         writes = [
             ("b-1", "r-b"),
@@ -444,7 +440,7 @@ async def test_a_batch_runs_its_writes_in_resource_order_keeping_queue_order_per
             *[
                 (
                     lambda name=name, resource=resource: store.connector.write(
-                        marking(name), resource=resource
+                        marking(ran, name), resource=resource
                     )
                 )
                 for name, resource in writes
