@@ -263,7 +263,8 @@ ENVIRONMENT: dict[str, str] = {
     ),
     "FENCEPROXY_FAILPOINTS": (
         "for tests only: named places where `serve` stops itself (SIGSTOP), comma-separated "
-        "(`admitted`, `before_send`, `cancelled`, `sent`; `NAME:once` stops there the first "
+        "(`mid_batch`, `admitted`, `before_send`, `cancelled`, `sent`; `NAME:once` stops "
+        "there the first "
         "time only); default: none. See Contributing, failpoints"
     ),
 }

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import failpoints
 from core import telemetry as core_telemetry
 from policies import Policy, load_policy
 from policies.tls import server_context
-from proxy import connections, failpoints, operations, telemetry
+from proxy import connections, operations, telemetry
 from proxy.app import build_app, default_instance_id
 from proxy.auth import (
     KeyProblem,
@@ -78,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     policy, digest = policy_and_digest_of(args)
     try:
-        # Read once: a test pauses a replica at a named place (proxy/failpoints.py).
+        # Read once: a test pauses a replica at a named place (core/failpoints.py).
         paused_at = failpoints.configure(os.environ)
     except failpoints.FailpointError as exc:
         raise CommandError(str(exc)) from None

@@ -9,6 +9,7 @@ from a guess: "nothing was forwarded" is said only when no byte left.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -18,7 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from core import telemetry
+from core import failpoints, telemetry
 from core.codes import ErrorCode
 from core.fencing import Replay
 from core.lifecycle import BLOCKING, Answer, Event
@@ -34,7 +35,7 @@ from core.records import (
 )
 from core.send_deadline import SendDeadline
 from policies import RESOURCE_RE, Route, RouteMatch
-from proxy import failpoints, forwarding, periodic
+from proxy import forwarding, periodic
 from proxy.auth import take_credentials
 from proxy.problems import problem, refusal_response
 from proxy.requests import (
@@ -121,9 +122,11 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
     # Started before the admission's transaction begins: the effect's stored deadline
     # counts from a moment inside it, so this budget always ends first.
     send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
+    # This handler cancelled while its admission runs in a batch: nothing will be sent.
+    left = functools.partial(_settle_left_admission, runtime)
     try:
         decision = await telemetry.step(
-            "admission", runtime.store.admit(token_hash(token), new, standing)
+            "admission", runtime.store.admit(token_hash(token), new, standing, left=left)
         )
         if isinstance(decision, UnknownKey):
             assert key is not None  # only a key is unknown
@@ -142,7 +145,7 @@ async def handle(request: web.Request, match: RouteMatch, runtime: Runtime) -> w
             send_by = SendDeadline.start(route.upstream.send_window_s, forwarding.SEND_CLOCK)
             decision = await telemetry.step(
                 "admission",
-                runtime.store.admit(token_hash(token), new, standing, key_cleared=True),
+                runtime.store.admit(token_hash(token), new, standing, key_cleared=True, left=left),
             )
             assert not isinstance(decision, UnknownKey)
     except AdmissionInDoubt as lost:
@@ -225,19 +228,25 @@ async def _settle_lost_admission(
     )
 
 
-async def _settle_unsent(runtime: Runtime, lost: AdmissionInDoubt) -> EffectRecord | None:
+def _lost_answer(lost: AdmissionInDoubt) -> str:
+    return f"the store's answer to its admission was lost ({lost}); its request was never sent"
+
+
+async def _settle_unsent(
+    runtime: Runtime, lost: AdmissionInDoubt, reason: str | None = None
+) -> EffectRecord | None:
     return await runtime.store.settle_unsent(
-        lost.effect_id,
-        lost.resource,
-        f"the store's answer to its admission was lost ({lost}); its request was never sent",
+        lost.effect_id, lost.resource, reason if reason is not None else _lost_answer(lost)
     )
 
 
-async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
+async def _settle_until_done(
+    runtime: Runtime, lost: AdmissionInDoubt, reason: str | None = None, wait_first: bool = True
+) -> None:
     async def settle() -> None:
-        effect = await _settle_unsent(runtime, lost)
+        effect = await _settle_unsent(runtime, lost, reason)
         state = "not recorded" if effect is None else effect.state.value
-        log.info("the effect %s of a lost admission answer is settled: %s", lost.effect_id, state)
+        log.info("the effect %s of an unsent admission is settled: %s", lost.effect_id, state)
 
     # Neither a store that does not answer nor a bug ends it: the record would wait for
     # the sweep.
@@ -246,10 +255,22 @@ async def _settle_until_done(runtime: Runtime, lost: AdmissionInDoubt) -> None:
         settle,
         UNSENT_RETRY_FIRST_S,
         runtime.metrics.count_background_failure,
-        wait_first=True,
+        wait_first=wait_first,
         until_done=True,
         about=f" of {lost.effect_id}",
     ).run()
+
+
+def _settle_left_admission(runtime: Runtime, left: AdmissionInDoubt) -> None:
+    """The handler was cancelled (`serve` past a stop's grace, a test server whose
+    client went away) while its admission ran in a batch, which recorded the effect
+    DISPATCHING, or may have: no byte of it will be sent. Settled NOT_SENT now, in the
+    background (the batch is over: the store's answer is final), as after a lost
+    admission answer, not left for the sweep to find UNKNOWN and block the resource."""
+    reason = f"{left}: the request's handler was cancelled before it was sent"
+    runtime.settle_in_background(
+        _settle_until_done(runtime, left, reason, wait_first=False), left.effect_id
+    )
 
 
 # Without a probe, the recovery window stays open until an operator closes it: a worker

@@ -18,12 +18,12 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from core import failpoints
 from core.frozen import quick_init
 from core.outcomes import Answered, DispatchResult, Lost, NotSent, TooLateToSend
 from core.send_deadline import SendDeadline
 from policies import Upstream
 from policies.tls import upstream_context
-from proxy import failpoints
 from proxy.auth import Credentials
 
 # RFC 9110 §7.6.1 and the older proxy headers. Not "trailers": a header of that name

@@ -148,6 +148,12 @@ class Metrics:
             registry=self.registry,
         )
         self._round_trips_seen = 0
+        self.writes_queued = Gauge(
+            "fenceproxy_store_writes_queued",
+            "Store writes waiting for a free write lane (group commit: they run together "
+            "in the next batch)",
+            registry=self.registry,
+        )
         self.open_connections = Gauge(
             "fenceproxy_open_connections",
             "Client connections open on the proxy's listener (against limits.max_connections)",
@@ -264,6 +270,7 @@ class Metrics:
                 self.effects.labels(state.value).set(in_doubt.get(state.value, 0))
         self.blocked.set(blocked)
         self.oldest_in_doubt.set(oldest_age)
+        self.writes_queued.set(store.connector.writes_queued)
         if isinstance(store.connector, PostgresConnector):
             sent = store.connector.round_trips.count
             self.store_round_trips.inc(sent - self._round_trips_seen)

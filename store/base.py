@@ -45,6 +45,11 @@ class AdmissionInDoubt(CommitUnknown):
         self.resource = resource
 
 
+# A write's outcome, told when its caller stopped waiting once it was taken into a
+# batch (`Connector.write`): ok, and its result or its error.
+Left = Callable[[bool, Any], None]
+
+
 class Tx(Protocol):
     """One transaction; every statement is a named query of the backend's SQL file."""
 
@@ -87,6 +92,12 @@ class Connector(Protocol):
     # The schema files' and the migrations' folder name: "postgresql" or "sqlite".
     backend: str
 
+    @property
+    def writes_queued(self) -> int:
+        """How many writes wait for a write lane now (store/operation_queue.py): the
+        group commit's backlog, 0 while the store is closed."""
+        ...
+
     async def open(self) -> None:
         """Connect; nothing of the schema is read yet (there may be none)."""
         ...
@@ -104,18 +115,30 @@ class Connector(Protocol):
 
     async def close(self) -> None: ...
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
+    async def write(
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
+    ) -> T:
         """Run `operation` in a write transaction; return only after it is durable.
         `own_clock`: the operation's first statement answers the time (`now`, which
         the operation sets as tx.now if not NULL) and the store id (`store_id`, checked
-        by the connector), so the connector need not ask for them first."""
+        by the connector), so the connector need not ask for them first. `resource`:
+        the resource whose row lock the operation takes first, if the caller knows it
+        (store/operation_queue.py: a batch takes its writes' locks in resource order).
+        `left`: told the operation's outcome (ok, and its result or error) if the caller
+        stops waiting (is cancelled) once the operation was taken into a batch: it then
+        runs, or may have run, with the others."""
         ...
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         """One named block as a write transaction of its own, durable on return; its
         row's values, in the order of the block's columns (the receipt's: store/steps.py
         RECEIPT_COLUMNS), whose `store_id` is checked by the connector, which passes its
-        own as the `store_id` parameter. None when this backend's block is empty: the
+        own as the `store_id` parameter, and whose `resource` parameter, if any, is the
+        resource it locks (as `write`'s). None when this backend's block is empty: the
         caller then does the same step by step in a write transaction."""
         ...
 

@@ -36,18 +36,31 @@ class Effects(StorePart):
         new: NewEffect,
         clients: fencing.Clients = None,
         key_cleared: bool = False,
+        left: Callable[[AdmissionInDoubt], None] | None = None,
     ) -> Admitted | Replay | Refusal | UnknownKey:
         """Check the token (and, with `clients`, its client's standing: see `renew`) and
         record the effect as DISPATCHING, in one transaction. In the recovery window, a
-        key the store does not know is `UnknownKey` unless `key_cleared`."""
+        key the store does not know is `UnknownKey` unless `key_cleared`. `left` is told
+        of an effect this admission recorded, or may have, after its caller stopped
+        waiting (store/operation_queue.py): nobody will send it."""
         # Made before the transaction, so that an admission whose COMMIT's answer is lost
         # names the effect it may have recorded (an attempt the connector repeats after a
         # serialization failure was rolled back: its id was never stored).
         effect_id = _new_effect_id()
+        caller_left = None
+        if left is not None:
+
+            def caller_left(ok: bool, decided: Any) -> None:
+                if (ok and isinstance(decided, Admitted)) or isinstance(decided, CommitUnknown):
+                    why = "its caller stopped waiting while its admission ran in a batch"
+                    left(AdmissionInDoubt(why, effect_id, new.resource))
+
         try:
             decided = await self.connector.write(
                 self._admission(token_hash, new, clients, key_cleared, effect_id),
                 own_clock=True,
+                resource=new.resource,
+                left=caller_left,
             )
         except CommitUnknown as exc:
             raise AdmissionInDoubt(str(exc), effect_id, new.resource) from exc
@@ -179,7 +192,7 @@ class Effects(StorePart):
             assert step is not None  # the row was read under the lock
             return step.effect
 
-        return await self.connector.write(operation)
+        return await self.connector.write(operation, resource=resource)
 
     async def finish_effect(
         self,
@@ -243,7 +256,8 @@ class Effects(StorePart):
             assert step.transition is not None
             return Receipt(step.transition, step.effect, step.key_holder)
 
-        return await self.connector.write(operation)
+        locks = admitted.resource if admitted is not None else None
+        return await self.connector.write(operation, resource=locks)
 
     async def _receipt_as_admitted(
         self,

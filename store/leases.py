@@ -60,7 +60,7 @@ class Leases(StorePart):
             )
             return lease, tx.now
 
-        granted = await self.connector.write(operation)
+        granted = await self.connector.write(operation, resource=resource)
         if superseded and not isinstance(granted, Refusal):
             self._observe(resource, Ending.SUPERSEDED)
         return granted
@@ -146,7 +146,7 @@ class Leases(StorePart):
             await tx.execute("set_resource_epoch", resource=resource, epoch=advanced)
             return state.epoch, advanced
 
-        old, new = await self.connector.write(operation)
+        old, new = await self.connector.write(operation, resource=resource)
         if ended:
             self._observe(resource, Ending.REVOKED)
         return old, new

@@ -10,9 +10,33 @@ together in the next batch a lane takes, in the order they were queued (so do th
 that arrive before the lane woken for the first has started). How a batch runs
 (one transaction, and each operation again alone if one failed) is the connector's.
 
+The order a batch's writes run in. PostgreSQL runs them in the order of the resources
+they lock (those whose caller names it, store/postgres.py `_lock_order`; the others
+after them), so that two batches (two lanes, or two replicas) that lock resources A
+and B take them in one order and neither waits for the other's second lock: crossed,
+PostgreSQL broke the deadlock by failing one batch, whose writes then ran again one by
+one. Writes to one resource keep the order they queued in. The order of writes to
+different resources is not promised to anyone: every write of a batch was waiting when
+the batch was taken and none is answered before its COMMIT, so they were concurrent,
+and any order of them is one they could have met running alone. Each decides under
+its own resource's lock: its lease and epoch, its idempotency keys (a key is the
+resource's), its effects and their history. What differs with the order, and is no
+promise: each write's time (it is judged when it runs, `clock_timestamp()`), the
+history's event ids, and which of two acquires of one quota subject on different
+resources counts the other's lease under `max_live_leases` (the one that runs first
+finds the room, as it could have alone). Refusal tallies are counted after the
+transaction and written by writes of their own. Locks taken after a write's resource
+(a quota subject's) are not ordered: two batches crossed there still deadlock, and
+end as before. SQLite has one writer and no row locks: its batches keep the queue's
+order.
+
 A caller that stops waiting (cancelled) before its batch is taken is left out of it; once
-taken, its operation runs to its end with the others and its answer is dropped: a batch
-is not torn down for one caller, whose operation may then have been kept. With
+taken, its operation runs to its end with the others and its answer goes to the `left`
+callback its caller gave, if any (else nowhere): a batch is not torn down for one caller,
+whose operation may then have been kept. An admission's caller gives one (store/effects.py):
+an admission kept while its request's handler was gone is an effect recorded in flight
+that nobody will send, which the proxy settles NOT_SENT at once (proxy/fenced.py), as
+after a lost COMMIT answer, rather than leave it for a sweep to find UNKNOWN. With
 `wait_s`, a job that no lane took within that long is answered `StoreUnavailable` and
 left out: it never ran (as a pool's acquire that timed out).
 """
@@ -24,12 +48,13 @@ import collections
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from store.base import StoreUnavailable
+from store.base import Left, StoreUnavailable
 
 MAX_BATCH = 256
 Outcome = tuple[bool, Any]
 J = TypeVar("J")
-_Queued = tuple[J, asyncio.Future[Any], asyncio.TimerHandle | None]
+_Queued = tuple[J, asyncio.Future[Any], asyncio.TimerHandle | None, Left | None]
+_Taken = tuple[J, asyncio.Future[Any], Left | None]
 
 
 def being_cancelled(exc: BaseException) -> bool:
@@ -62,14 +87,22 @@ class OperationQueue(Generic[J]):
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
+    @property
+    def queued(self) -> int:
+        """How many jobs wait for a lane now (they run in the next batch); those whose
+        caller stopped waiting, or that were refused for waiting too long, are not."""
+        return sum(1 for _, future, _, _ in self._jobs if not future.done())
+
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._serve(), name=f"{self._name}-{lane}")
             for lane in range(self._lanes)
         ]
 
-    def submit(self, job: J) -> asyncio.Future[Any]:
-        """A job, queued now, to run in the next batch."""
+    def submit(self, job: J, left: Left | None = None) -> asyncio.Future[Any]:
+        """A job, queued now, to run in the next batch. `left` is told its outcome (ok,
+        and its result or error) if its caller stops waiting once a lane took it: the
+        job ran, or may have, and nobody else hears of it."""
         if not self._tasks or self._closed:
             raise StoreUnavailable("the store is not open")
         loop = asyncio.get_running_loop()
@@ -77,7 +110,7 @@ class OperationQueue(Generic[J]):
         timer = None
         if self._wait_s is not None and not self._idle:  # no lane takes it at once
             timer = loop.call_later(self._wait_s, self._expire, future)
-        self._jobs.append((job, future, timer))
+        self._jobs.append((job, future, timer, left))
         self._wake(1)
         return future
 
@@ -120,29 +153,29 @@ class OperationQueue(Generic[J]):
             self._closed = True
             gone = StoreUnavailable("the store closed before this ran")
             while self._jobs:
-                _, future, timer = self._jobs.popleft()
+                _, future, timer, _ = self._jobs.popleft()
                 if timer is not None:
                     timer.cancel()
                 if not future.done():
                     future.set_exception(gone)
 
-    def _next_batch(self) -> list[tuple[J, asyncio.Future[Any]]]:
+    def _next_batch(self) -> list[_Taken[J]]:
         """The queued jobs, up to a batch, but those whose caller stopped waiting (or was
         answered that none was free)."""
-        batch: list[tuple[J, asyncio.Future[Any]]] = []
+        batch: list[_Taken[J]] = []
         while self._jobs and len(batch) < self._max_batch:
-            job, future, timer = self._jobs.popleft()
+            job, future, timer, left = self._jobs.popleft()
             if timer is not None:
                 timer.cancel()
             if not future.done():
-                batch.append((job, future))
+                batch.append((job, future, left))
         return batch
 
-    async def _answer(self, batch: list[tuple[J, asyncio.Future[Any]]]) -> None:
+    async def _answer(self, batch: list[_Taken[J]]) -> None:
         if not batch:
             return
         try:
-            outcomes = await self._run_batch([job for job, _ in batch])
+            outcomes = await self._run_batch([job for job, _, _ in batch])
         except BaseException as exc:  # a bug in the runner: its batch hears of it, not later ones
             if being_cancelled(exc):
                 outcomes = [(False, StoreUnavailable("the store closed while this ran"))]
@@ -153,9 +186,11 @@ class OperationQueue(Generic[J]):
         _resolve(batch, outcomes)
 
 
-def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], outcomes: list[Outcome]) -> None:
-    for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+def _resolve(batch: list[_Taken[Any]], outcomes: list[Outcome]) -> None:
+    for (_, future, left), (ok, value) in zip(batch, outcomes, strict=True):
         if future.done():  # its waiter was cancelled
+            if left is not None:
+                left(ok, value)
             continue
         if ok:
             future.set_result(value)

@@ -3,12 +3,14 @@
 Each read is one transaction on a pooled connection. Writes go through lanes
 (store/operation_queue.py, the SQLite connector's group commit): a write that finds a
 lane idle runs at once, alone, one transaction; writes that arrive while every lane is
-busy run together in the next batch a lane takes, one transaction in their order (one
-BEGIN, one COMMIT, one WAL flush), none answered before that COMMIT returned. If the
+busy run together in the next batch a lane takes, one transaction (one BEGIN, one
+COMMIT, one WAL flush) in the order of the resources they lock (store/operation_queue.py
+says why that order is no promise broken), none answered before that COMMIT returned. If the
 batch fails before its COMMIT (one write's error, a conflict, a deadlock with another
 batch) it was rolled back and each write runs again alone, with its own retries; if the
 COMMIT's answer is lost, each write's is (`CommitUnknown`). A caller that stops waiting
-is left out of a batch not yet taken; once taken, its write runs with the others.
+is left out of a batch not yet taken; once taken, its write runs with the others (its
+outcome told to the `left` it gave, if any).
 
 Decisions about a resource take its row lock first (the `lock_resource` query), so two
 replicas never both grant a live lease or admit writes under different epochs. Time is
@@ -47,10 +49,12 @@ from typing import Any, cast
 
 import asyncpg
 
+from core import failpoints
 from policies.model import StorePool
 from store import history, sqlstate
 from store.base import (
     CommitUnknown,
+    Left,
     Operation,
     Row,
     SchemaOperation,
@@ -359,6 +363,10 @@ class PostgresConnector:
     def replication(self, replication: Replication | None) -> None:
         self.history.replication = replication
 
+    @property
+    def writes_queued(self) -> int:
+        return self._writes.queued if self._writes is not None else 0
+
     async def open(self) -> None:
         await check_server(self.url, self.pool, self._queries)
         try:
@@ -576,8 +584,15 @@ class PostgresConnector:
         if found != self.store_id:
             raise StoreUnavailable(self._lose(f"now {found}"))
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        return cast(T, await self._submit(_Write(operation, own_clock, statement=False)))
+    async def write(
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
+    ) -> T:
+        write = _Write(operation, own_clock, statement=False, resource=resource)
+        return cast(T, await self._submit(write, left))
 
     async def read(self, operation: Operation[T]) -> T:
         return await self._run(operation, readonly=True)
@@ -589,24 +604,31 @@ class PostgresConnector:
         async def operation(tx: Tx) -> Values | None:
             return await tx.values(query, **params, store_id=self.store_id)
 
-        return cast(Values | None, await self._submit(_Write(operation, True, statement=True)))
+        write = _Write(operation, True, statement=True, resource=params.get("resource"))
+        return cast(Values | None, await self._submit(write))
 
-    async def _submit(self, write: _Write) -> Any:
+    async def _submit(self, write: _Write, left: Left | None = None) -> Any:
         if self._writes is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return await self._writes.submit(write)
+        return await self._writes.submit(write, left)
 
     async def _write_batch(self, writes: list[_Write]) -> list[Outcome]:
-        """Writes that queued together, in one transaction; if that failed before its
-        COMMIT, each again alone, so that one write's failure (its own error, a
-        conflict, a deadlock with another batch) is nobody else's answer."""
-        if len(writes) > 1:
-            together = await self._together(writes)
-            if together is not None:
-                return together
-        return [await self._alone(write) for write in writes]
+        """Writes that queued together, in one transaction, in the order of the
+        resources they lock (`_lock_order`); if that failed before its COMMIT, each
+        again alone, so that one write's failure (its own error, a conflict, a
+        deadlock with another batch) is nobody else's answer. Their outcomes in the
+        order they came."""
+        if len(writes) == 1:
+            return [await self._alone(writes[0])]
+        order = sorted(range(len(writes)), key=lambda n: _lock_order(writes[n]))
+        in_order = [writes[n] for n in order]
+        outcomes = await self._together(in_order)
+        if outcomes is None:
+            outcomes = [await self._alone(write) for write in in_order]
+        answered = dict(zip(order, outcomes, strict=True))
+        return [answered[n] for n in range(len(writes))]
 
     async def _alone(self, write: _Write) -> Outcome:
         try:
@@ -630,7 +652,12 @@ class PostgresConnector:
         assert self._pool is not None  # the lanes run only while the store is open
 
         async def body() -> list[Outcome]:
-            return [(True, await self._step(conn, w.operation, w.own_clock)) for w in writes]
+            outcomes: list[Outcome] = []
+            for write in writes:
+                if outcomes and write.resource is not None:
+                    failpoints.reach(failpoints.MID_BATCH)
+                outcomes.append((True, await self._step(conn, write.operation, write.own_clock)))
+            return outcomes
 
         try:
             async with self._pool.acquire(timeout=self.pool.acquire_timeout_s) as conn:
@@ -693,12 +720,22 @@ class PostgresConnector:
 @dataclass(frozen=True)
 class _Write:
     """A write for the lanes: its operation, whether its first statement answers the
-    time (`own_clock`), and whether it is a single statement (`Connector.statement`:
-    alone, a transaction of its own, without BEGIN and COMMIT)."""
+    time (`own_clock`), whether it is a single statement (`Connector.statement`:
+    alone, a transaction of its own, without BEGIN and COMMIT), and the resource whose
+    lock it takes first, if known (its place in a batch, `_lock_order`)."""
 
     operation: Operation[Any]
     own_clock: bool
     statement: bool
+    resource: str | None
+
+
+def _lock_order(write: _Write) -> tuple[bool, str]:
+    """Where a write runs in its batch: those that name the resource they lock first,
+    by resource (so two batches, of this replica's lanes or another's, take those
+    locks in one order and never deadlock on them), then those that do not; Python's
+    sort is stable, so writes to one resource keep the order they queued in."""
+    return write.resource is None, write.resource or ""
 
 
 def _cannot_open(exc: BaseException) -> StoreUnavailable:

@@ -48,6 +48,7 @@ import aiosqlite
 
 from store.base import (
     CommitUnknown,
+    Left,
     Operation,
     Row,
     SchemaOperation,
@@ -304,6 +305,10 @@ class SQLiteConnector:
             await conn.execute(f"PRAGMA {pragma}")
         return conn
 
+    @property
+    def writes_queued(self) -> int:
+        return self._writes.queued if self._writes is not None else 0
+
     async def open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -387,13 +392,20 @@ class SQLiteConnector:
                     break
         return self.lost
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        # own_clock: this backend's clock is the connector's anyway.
+    async def write(
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
+    ) -> T:
+        # own_clock: this backend's clock is the connector's anyway. resource: one
+        # writer takes no row locks, so a batch's order is the queue's.
         if self._writes is None:
             raise StoreUnavailable("the store is not open")
         if self.lost is not None:
             raise StoreUnavailable(self.lost)
-        return cast(T, await self._writes.submit(operation))
+        return cast(T, await self._writes.submit(operation, left))
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         """A block as a write transaction of its own, at the transaction's time (`now`):

@@ -143,7 +143,7 @@ class ManagedProcess:
 
     def is_stopped(self) -> bool:
         """Whether the child is stopped by a signal (state `T` in /proc/PID/stat), e.g.
-        by itself at a failpoint (proxy/failpoints.py)."""
+        by itself at a failpoint (core/failpoints.py)."""
         try:
             stat = Path(f"/proc/{self.pid}/stat").read_text()
         except OSError:

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from core import failpoints
 from demo.upstream import DELAY_HEADER
-from proxy import failpoints
 from tests import pg
 from tests.integration.replicas.conftest import Answer, Fleet, Proxy, call
 from tests.nemesis.judge import (

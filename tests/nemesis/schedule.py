@@ -27,7 +27,7 @@ class FaultKind(StrEnum):
     KILL = "kill"  # SIGKILL a replica, start it again after `duration_s`
     FAILOVER = "failover"  # the store's primary dies, its synchronous standby is promoted
     # The replica restarts with FENCEPROXY_FAILPOINTS=<point>:once, stops itself there at
-    # its next fenced write (proxy/failpoints.py), and is continued after `duration_s`.
+    # its next fenced write (core/failpoints.py), and is continued after `duration_s`.
     FAILPOINT = "failpoint"
     # The replica restarts with FENCEPROXY_FAILPOINTS=cancelled:once and a short stop
     # grace, one of its fenced writes is made slow, and it is told to stop (SIGTERM) once

@@ -57,7 +57,7 @@ from core.records import EffectRecord, EffectState, Refusal, StoredResponse
 from core.send_deadline import sent_by
 from policies import Route, StorePool
 from store import Admitted, NewEffect, Store, UnknownKey, open_store
-from store.base import Connector, Operation, Row, SchemaOperation, T, Tx, Values
+from store.base import Connector, Left, Operation, Row, SchemaOperation, T, Tx, Values
 from store.history import RecoveryWindow, Replication
 from tests.simulation.tables import EventRow, Moment, moment_of
 
@@ -289,6 +289,10 @@ class MidRead:
     def replication(self, replication: Replication | None) -> None:
         self._inner.replication = replication
 
+    @property
+    def writes_queued(self) -> int:
+        return self._inner.writes_queued
+
     async def open(self) -> None:
         await self._inner.open()
 
@@ -301,8 +305,14 @@ class MidRead:
     async def close(self) -> None:
         await self._inner.close()
 
-    async def write(self, operation: Operation[T], own_clock: bool = False) -> T:
-        return await self._inner.write(operation, own_clock)
+    async def write(
+        self,
+        operation: Operation[T],
+        own_clock: bool = False,
+        resource: str | None = None,
+        left: Left | None = None,
+    ) -> T:
+        return await self._inner.write(operation, own_clock, resource, left)
 
     async def statement(self, query: str, **params: Any) -> Values | None:
         return await self._inner.statement(query, **params)

@@ -62,7 +62,7 @@ def assert_both_receipt_writers_ran(result: RunResult) -> None:
 def assert_cancellations_ran(result: RunResult) -> None:
     """A handler cancelled in the middle of its dispatch writes its UNKNOWN receipt at
     once, or later, with other steps between (its replica stopped at the `cancelled`
-    failpoint, proxy/failpoints.py): a run checks the invariants over both."""
+    failpoint, core/failpoints.py): a run checks the invariants over both."""
     assert result.cancellations["receipt at once"] > 0, result.cancellations
     assert result.cancellations["receipt later"] > 0, result.cancellations
 

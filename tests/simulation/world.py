@@ -58,7 +58,7 @@ RESEND_RACE = 0.3  # how often a probe pass runs between a resend's admission an
 # How often a replica pauses between an admission and its send (the send deadline's case).
 HELD = 0.1
 # How often a cancelled handler's receipt waits until its replica, stopped at the
-# `cancelled` failpoint (proxy/failpoints.py), is continued, rather than being written
+# `cancelled` failpoint (core/failpoints.py), is continued, rather than being written
 # at once.
 CANCELLED_RECEIPT_LATER = 0.5
 OP_LIFETIME_TICKS = 40  # a worker gives up retrying an operation after this long

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import failpoints
+from core import failpoints
 
 
 def test_the_syntax_names_points_and_once() -> None:
@@ -39,7 +39,7 @@ def test_off_by_default_and_reaching_a_disabled_point_does_nothing() -> None:
 
 CHILD = """
 import sys
-from proxy import failpoints
+from core import failpoints
 failpoints.configure({failpoints.ENV: sys.argv[1]})
 for _ in range(2):
     print("before", flush=True)

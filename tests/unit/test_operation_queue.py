@@ -5,6 +5,7 @@ no lane took within `wait_s` is refused without running."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,13 +24,25 @@ class Lanes:
         self.batches: list[list[str]] = []
         self.go = asyncio.Event()
         self.waiting = asyncio.Event()
+        self.batches_waiting = 0
+        self._changed = asyncio.Condition()
 
     async def __call__(self, jobs: list[str]) -> list[Outcome]:
         self.batches.append(jobs)
         if "wait" in jobs:
             self.waiting.set()
+            async with self._changed:
+                self.batches_waiting += 1
+                self._changed.notify_all()
             await self.go.wait()
         return [(True, job) for job in jobs]
+
+    async def until_waiting(self, batches: int) -> None:
+        """Until `batches` batches wait for `go` (each holding its lane)."""
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self.batches_waiting == batches), WAIT_S
+            )
 
 
 async def test_a_job_runs_at_once_on_an_idle_lane_while_another_lane_is_busy() -> None:
@@ -52,8 +65,9 @@ async def test_jobs_that_arrive_while_every_lane_is_busy_run_as_one_batch() -> N
     busy = [queue.submit("wait")]
     await asyncio.wait_for(lanes.waiting.wait(), WAIT_S)
     busy.append(queue.submit("wait"))  # the other lane's
-    await asyncio.sleep(0.05)
+    await lanes.until_waiting(2)
     queued = [queue.submit(name) for name in ("a", "b", "c")]
+    assert queue.queued == 3
     lanes.go.set()
     assert await asyncio.wait_for(asyncio.gather(*queued), WAIT_S) == ["a", "b", "c"]
     await asyncio.wait_for(asyncio.gather(*busy), WAIT_S)
@@ -97,3 +111,60 @@ async def test_stopping_answers_what_was_queued_by_running_it() -> None:
     await asyncio.wait_for(queue.stop(), WAIT_S)
     assert [await waiter for waiter in waiters] == ["0", "1", "2", "3", "4"]
     assert sorted(ran) == ["0", "1", "2", "3", "4"]
+
+
+async def test_the_jobs_queued_are_those_waiting_for_a_lane_whose_caller_still_waits() -> None:
+    lanes = Lanes()
+    queue: OperationQueue[str] = OperationQueue("test", lanes, lanes=1)
+    queue.start()
+    assert queue.queued == 0
+    busy = queue.submit("wait")
+    await lanes.until_waiting(1)
+    assert queue.queued == 0  # taken by the lane
+    left, kept = queue.submit("left"), queue.submit("kept")
+    assert queue.queued == 2
+    left.cancel()
+    assert queue.queued == 1
+    lanes.go.set()
+    assert await asyncio.wait_for(kept, WAIT_S) == "kept"
+    assert queue.queued == 0
+    await asyncio.wait_for(busy, WAIT_S)
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert lanes.batches == [["wait"], ["kept"]]
+
+
+async def test_a_job_whose_caller_left_once_it_was_taken_tells_its_outcome_to_left() -> None:
+    """Taken, it runs with its batch and its outcome goes to `left`; left out before it
+    was taken, it never runs and `left` hears nothing."""
+    running = {"first": asyncio.Event(), "second": asyncio.Event()}
+    go = {"first": asyncio.Event(), "second": asyncio.Event()}
+    ran: list[list[str]] = []
+
+    async def run(jobs: list[str]) -> list[Outcome]:
+        ran.append(jobs)
+        for name in running:
+            if name in jobs:
+                running[name].set()
+                await go[name].wait()
+        return [(True, job) for job in jobs]
+
+    queue: OperationQueue[str] = OperationQueue("test", run, lanes=1)
+    queue.start()
+    told: list[tuple[str, bool, Any]] = []
+
+    def left(name: str) -> Callable[[bool, Any], None]:
+        return lambda ok, value: told.append((name, ok, value))
+
+    first = queue.submit("first")
+    await asyncio.wait_for(running["first"].wait(), WAIT_S)
+    never_taken = queue.submit("never taken", left("never taken"))
+    never_taken.cancel()
+    second = queue.submit("second", left("second"))
+    go["first"].set()
+    await asyncio.wait_for(running["second"].wait(), WAIT_S)
+    second.cancel()
+    go["second"].set()
+    assert await asyncio.wait_for(first, WAIT_S) == "first"
+    await asyncio.wait_for(queue.stop(), WAIT_S)
+    assert told == [("second", True, "second")]
+    assert ran == [["first"], ["second"]]

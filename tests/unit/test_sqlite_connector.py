@@ -113,14 +113,15 @@ async def test_closing_answers_the_calls_still_queued_and_refuses_new_ones_at_on
     path = tmp_path / "fence.db"
     connector = SQLiteConnector(f"sqlite:///{path}", lambda: 1000.0)
     await asyncio.wait_for(open_current(connector), WAIT_S)
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
 
     async def held(tx: Tx) -> int:
+        holding.set()
         gate.wait(WAIT_S)  # the writer's thread is busy with this while the others queue
         return await tx.execute("set_resource_epoch", resource="held", epoch=1)
 
     first = asyncio.ensure_future(connector.write(held))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(asyncio.to_thread(holding.wait, WAIT_S), WAIT_S)
     queued = [asyncio.ensure_future(connector.write(set_epoch(f"r{i}", i))) for i in range(1, 6)]
     await asyncio.sleep(0)
     closing = asyncio.ensure_future(connector.close())

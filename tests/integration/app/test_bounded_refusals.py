@@ -219,8 +219,8 @@ async def test_a_flush_cancelled_after_its_write_committed_counts_nothing_twice(
             await store.record_rejection(Rejection("no_route", "DELETE", "/junk"))
         real_write = store.connector.write
 
-        async def committed_then_cancelled(operation: Any, own_clock: bool = False) -> Any:
-            await real_write(operation, own_clock)
+        async def committed_then_cancelled(operation: Any, *args: Any, **kwargs: Any) -> Any:
+            await real_write(operation, *args, **kwargs)
             raise asyncio.CancelledError
 
         store.connector.write = committed_then_cancelled  # type: ignore[method-assign]

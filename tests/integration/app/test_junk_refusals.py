@@ -235,7 +235,7 @@ async def test_counts_a_failed_flush_took_are_written_by_the_next(
         await store.record_rejection(Rejection("no_route", "DELETE", "/junk"))
         real_write = store.connector.write
 
-        async def failing_write(operation: Any, own_clock: bool = False) -> Any:
+        async def failing_write(operation: Any, *args: Any, **kwargs: Any) -> Any:
             raise StoreUnavailable("the store went away")
 
         store.connector.write = failing_write  # type: ignore[method-assign]

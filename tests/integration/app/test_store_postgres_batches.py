@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ import pytest
 
 from core.lifecycle import Event
 from policies.model import StorePool
+from proxy.metrics import Metrics
 from store import AdmissionInDoubt, Admitted, NewEffect, Store, StoreError, open_store
 from store.base import Operation, Tx
 from store.postgres import PostgresConnector, PostgresTx, write_lanes
@@ -25,6 +27,7 @@ from tests.integration.app import backends
 from tests.integration.app.backends import Backend
 from tests.integration.app.conftest import FakeClock
 from tests.integration.app.test_store_contract import granted, new_token_hash
+from tests.integration.replicas.conftest import eventually
 from tests.nemesis.pgrelay import PgRelay
 
 ONE_LANE = StorePool(1, 2)
@@ -62,10 +65,19 @@ async def batched(
     the store's one lane, then let go together: they run as one batch. Their tasks."""
     async with lane_held(store) as let_go:
         tasks = [asyncio.create_task(call()) for call in calls]
-        await asyncio.sleep(0.05)  # every call has queued its write behind the lane's
+        await writes_queued(store, len(calls))
         let_go.set()
     await asyncio.wait(tasks, timeout=WAIT_S)
     return tasks
+
+
+async def writes_queued(store: Store, n: int) -> None:
+    """Until `n` writes wait for the store's lane (polled: the queue tells nobody)."""
+
+    async def queued() -> bool:
+        return store.connector.writes_queued == n
+
+    await eventually(f"{n} writes to queue behind the lane", queued, WAIT_S, 0.005)
 
 
 @contextlib.asynccontextmanager
@@ -87,14 +99,30 @@ async def lane_held(store: Store) -> AsyncIterator[asyncio.Event]:
         await asyncio.wait_for(holding, WAIT_S)
 
 
-def writing(store: Store, operation: Operation[Any]) -> Callable[[], Coroutine[Any, Any, Any]]:
-    return lambda: store.connector.write(operation)
+def writing(
+    store: Store, operation: Operation[Any], resource: str | None = None
+) -> Callable[[], Coroutine[Any, Any, Any]]:
+    return lambda: store.connector.write(operation, resource=resource)
+
+
+def marking(ran: list[str], name: str) -> Operation[str]:
+    """A write that notes, in `ran`, that it ran, and answers its name."""
+
+    async def operation(tx: Tx) -> str:
+        ran.append(name)
+        return name
+
+    return operation
 
 
 async def transaction_id(tx: Tx) -> int:
     # The store has no named query for it and needs none: the test asks the connection
     # its transaction runs on (PostgresTx keeps it private; the test is the store's own).
     return int(await cast(PostgresTx, tx)._conn.fetchval("SELECT txid_current()"))
+
+
+async def backend_of(tx: Tx) -> int:
+    return int(await cast(PostgresTx, tx)._conn.fetchval("SELECT pg_backend_pid()"))
 
 
 def _new(resource: str, key: str) -> NewEffect:
@@ -153,8 +181,9 @@ async def test_each_write_in_a_batch_runs_at_its_own_time_not_the_transactions_s
         granted(await store.acquire("timed", "w", 30, token))
         tasks = await batched(
             store,
-            writing(store, slow),
-            writing(store, timed),
+            # One resource: the batch runs them in the order they queued.
+            writing(store, slow, "timed"),
+            writing(store, timed, "timed"),
             lambda: store.admit(token, _new("timed", "k")),
         )
         (started, tx_one), (later, tx_two), admitted = [task.result() for task in tasks]
@@ -164,17 +193,18 @@ async def test_each_write_in_a_batch_runs_at_its_own_time_not_the_transactions_s
         assert admitted.effect.created_at >= started + slow_s
 
 
+def setting_epoch(resource: str, epoch: int) -> Operation[int]:
+    async def operation(tx: Tx) -> int:
+        return await tx.execute("set_resource_epoch", resource=resource, epoch=epoch)
+
+    return operation
+
+
 async def test_one_writes_failure_in_a_batch_is_its_own_answer_alone(
     store_url: str, clock: FakeClock
 ) -> None:
     """A write that raises and one the database refuses (a constraint) fail the batch's
     transaction: the others run again alone and are kept, each failure is its own."""
-
-    def epoch(resource: str) -> Operation[int]:
-        async def operation(tx: Tx) -> int:
-            return await tx.execute("set_resource_epoch", resource=resource, epoch=5)
-
-        return operation
 
     async def raises(tx: Tx) -> None:
         raise LookupError("this write's own failure")
@@ -187,10 +217,10 @@ async def test_one_writes_failure_in_a_batch_is_its_own_answer_alone(
     async with one_lane_store(store_url, clock) as store:
         kept_a, failed, refused_task, kept_b = await batched(
             store,
-            writing(store, epoch("iso-a")),
+            writing(store, setting_epoch("iso-a", 5)),
             writing(store, raises),
             writing(store, refused),
-            writing(store, epoch("iso-b")),
+            writing(store, setting_epoch("iso-b", 5)),
         )
         assert kept_a.result() == kept_b.result() == 1
         with pytest.raises(LookupError, match="own failure"):
@@ -277,19 +307,14 @@ async def test_a_caller_that_stops_waiting_is_left_out_of_a_batch_not_yet_taken(
 ) -> None:
     ran: list[str] = []
 
-    def marking(name: str) -> Operation[str]:
-        async def operation(tx: Tx) -> str:
-            ran.append(name)
-            return name
-
-        return operation
-
     async with one_lane_store(store_url, clock) as store:
         async with lane_held(store):
-            gone = asyncio.create_task(store.connector.write(marking("gone")))
-            kept = asyncio.create_task(store.connector.write(marking("kept")))
-            await asyncio.sleep(0.05)
+            gone = asyncio.create_task(store.connector.write(marking(ran, "gone")))
+            kept = asyncio.create_task(store.connector.write(marking(ran, "kept")))
+            await writes_queued(store, 2)
             gone.cancel()
+            await asyncio.wait([gone])
+            assert store.connector.writes_queued == 1  # its caller left: not counted
         assert await asyncio.wait_for(kept, WAIT_S) == "kept"
         assert gone.cancelled()
     assert ran == ["kept"]
@@ -313,7 +338,7 @@ async def test_a_caller_that_stops_waiting_while_its_batch_runs_leaves_the_batch
         async with lane_held(store) as let_go:
             cancelled = asyncio.create_task(store.connector.write(slow))
             answered = asyncio.create_task(store.connector.write(other))
-            await asyncio.sleep(0.05)
+            await writes_queued(store, 2)
             let_go.set()
             await asyncio.wait_for(started.wait(), WAIT_S)
             cancelled.cancel()
@@ -326,3 +351,118 @@ async def test_a_caller_that_stops_waiting_while_its_batch_runs_leaves_the_batch
         " ORDER BY 1",
     )
     assert rows == [("answered", 4), ("cancelled", 3)]
+
+
+async def test_two_replicas_batches_on_crossed_resources_lock_them_in_one_order(
+    store_url: str, clock: FakeClock
+) -> None:
+    """Replica 1's batch writes ord-a then ord-b, replica 2's ord-b then ord-a, each write
+    declaring the resource it locks. Each batch runs its writes in resource order, so
+    both take ord-a first: one waits for the other's COMMIT, neither deadlocks, and no
+    write runs twice. In queue order, each batch's first write took its lock and its
+    second waited for the other's: a deadlock, one batch failed and rerun alone."""
+    other = {"replica-1": "replica-2", "replica-2": "replica-1"}
+    # Per replica: its batch's backend, and how many of its writes hold their lock.
+    backend_pid: dict[str, int] = {}
+    locked: dict[str, int] = {name: 0 for name in other}
+    runs: list[tuple[str, str]] = []
+
+    async def blocked(tx: Tx, pid: int) -> bool:
+        return bool(
+            await cast(PostgresTx, tx)._conn.fetchval(
+                "SELECT cardinality(pg_blocking_pids($1)) > 0", pid
+            )
+        )
+
+    def lock(replica: str, resource: str) -> Operation[str]:
+        async def operation(tx: Tx) -> str:
+            runs.append((replica, resource))
+            backend_pid[replica] = await backend_of(tx)
+            if locked[replica]:
+                # The second write: not before the other batch's first holds its lock,
+                # or waits for one (for this batch's).
+                peer = other[replica]
+
+                async def peer_went_first() -> bool:
+                    return locked[peer] > 0 or (
+                        peer in backend_pid and await blocked(tx, backend_pid[peer])
+                    )
+
+                await eventually("the other batch to lock first", peer_went_first, WAIT_S)
+            await tx.execute("lock_resource", resource=resource)
+            locked[replica] += 1
+            return resource
+
+        return operation
+
+    async with (
+        one_lane_store(store_url, clock, "replica-1") as one,
+        one_lane_store(store_url, clock, "replica-2") as two,
+    ):
+        for resource in ("ord-a", "ord-b"):  # their rows exist: each batch only locks
+            await one.connector.write(setting_epoch(resource, 1))
+        first, second = await asyncio.gather(
+            batched(
+                one,
+                lambda: one.connector.write(lock("replica-1", "ord-a"), resource="ord-a"),
+                lambda: one.connector.write(lock("replica-1", "ord-b"), resource="ord-b"),
+            ),
+            batched(
+                two,
+                lambda: two.connector.write(lock("replica-2", "ord-b"), resource="ord-b"),
+                lambda: two.connector.write(lock("replica-2", "ord-a"), resource="ord-a"),
+            ),
+        )
+        answers = [task.result() for task in (*first, *second)]
+    assert answers == ["ord-a", "ord-b", "ord-b", "ord-a"]
+    assert sorted(runs) == sorted(set(runs))  # no write ran twice: no batch was rerun
+    assert len(runs) == 4
+
+
+async def test_a_batch_runs_its_writes_in_resource_order_keeping_queue_order_per_resource(
+    store_url: str, clock: FakeClock
+) -> None:
+    """Stable: writes to one resource keep the order they queued in; writes that declare
+    no resource run after those that do, in queue order."""
+    ran: list[str] = []
+
+    async with one_lane_store(store_url, clock) as store:
+        writes = [
+            ("b-1", "r-b"),
+            ("none-1", None),
+            ("a-1", "r-a"),
+            ("b-2", "r-b"),
+            ("none-2", None),
+            ("a-2", "r-a"),
+        ]
+        tasks = await batched(
+            store,
+            *[
+                (
+                    lambda name=name, resource=resource: store.connector.write(
+                        marking(ran, name), resource=resource
+                    )
+                )
+                for name, resource in writes
+            ],
+        )
+        assert [task.result() for task in tasks] == [name for name, _ in writes]
+    assert ran == ["a-1", "a-2", "b-1", "b-2", "none-1", "none-2"]
+
+
+async def test_the_metrics_export_the_writes_waiting_for_a_lane(
+    store_url: str, clock: FakeClock
+) -> None:
+    def exported(metrics: bytes) -> str:
+        found = re.search(rb"^fenceproxy_store_writes_queued (\S+)$", metrics, re.MULTILINE)
+        assert found is not None
+        return found.group(1).decode()
+
+    async with one_lane_store(store_url, clock) as store:
+        metrics = Metrics()
+        async with lane_held(store):
+            waiting = [asyncio.create_task(store.connector.write(transaction_id)) for _ in "ab"]
+            await writes_queued(store, 2)
+            assert exported(await metrics.render(store)) == "2.0"
+        await asyncio.wait(waiting, timeout=WAIT_S)
+        assert exported(await metrics.render(store)) == "0.0"

@@ -26,8 +26,8 @@ import uuid
 import aiohttp
 import pytest
 
+from core import failpoints
 from demo.upstream import DELAY_HEADER
-from proxy import failpoints
 from tests.integration.replicas.conftest import (
     Api,
     Fleet,

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from proxy import failpoints
+from core import failpoints
 from tests.integration.replicas.conftest import (
     Answer,
     Api,

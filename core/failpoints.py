@@ -1,14 +1,21 @@
-"""Named pause points on the fenced request path, for tests that pause a replica at an
-exact place with real processes.
+"""Named pause points on the fenced request path (the proxy's and its store's), for
+tests that pause a replica at an exact place with real processes.
 
 `FENCEPROXY_FAILPOINTS` names the enabled points, comma-separated; `NAME:once` fires
 only the first time that point is reached. `serve` reads it once as it starts. At an
 enabled point the process stops itself (SIGSTOP), as a GC or VM pause would stop it,
 so the test knows where it is paused (/proc/PID/stat says `T`) and goes on with
-SIGCONT. Off (the variable unset or empty), each point costs one frozenset test.
+SIGCONT. Off (the variable unset or empty), each point costs one frozenset test. Here,
+below the store and the proxy, so that both reach their points through one switch.
 
 The points, in the order a fenced request reaches them:
 
+* `mid_batch`: in the store (PostgreSQL's group commit, store/postgres.py), a batch's
+  write has run and the next, a write of a resource (an admission, a receipt, a
+  lease's), has not, the transaction open: the locks of the writes run so far held,
+  nothing of the batch committed, the writes after it still to be judged, each at its
+  own time. Not before a write that names no resource: the replica's own bookkeeping
+  (its heartbeat, its refusal counts) batches as it starts, before any request.
 * `admitted`: the admission's COMMIT answer has arrived (the effect is DISPATCHING),
   before anything else is done.
 * `before_send`: the send deadline was checked and passed and the upstream connection
@@ -30,7 +37,8 @@ ADMITTED = "admitted"
 BEFORE_SEND = "before_send"
 CANCELLED = "cancelled"
 SENT = "sent"
-NAMES = frozenset({ADMITTED, BEFORE_SEND, CANCELLED, SENT})
+MID_BATCH = "mid_batch"
+NAMES = frozenset({MID_BATCH, ADMITTED, BEFORE_SEND, CANCELLED, SENT})
 ONCE = "once"
 
 # What is enabled, and of it what fires only once: set by `configure`, as `serve` starts.
