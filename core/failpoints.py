@@ -6,7 +6,9 @@ only the first time that point is reached. `serve` reads it once as it starts. A
 enabled point the process stops itself (SIGSTOP), as a GC or VM pause would stop it,
 so the test knows where it is paused (/proc/PID/stat says `T`) and goes on with
 SIGCONT. Off (the variable unset or empty), each point costs one frozenset test. Here,
-below the store and the proxy, so that both reach their points through one switch.
+below the store and the proxy, so that both reach their points through one switch; the
+stopping itself is the caller's (`serve` passes it to `configure`), so this module does
+no I/O, as the rest of `core/`.
 
 The points, in the order a fenced request reaches them:
 
@@ -28,9 +30,7 @@ The points, in the order a fenced request reaches them:
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 ENV = "FENCEPROXY_FAILPOINTS"
 ADMITTED = "admitted"
@@ -41,9 +41,16 @@ MID_BATCH = "mid_batch"
 NAMES = frozenset({MID_BATCH, ADMITTED, BEFORE_SEND, CANCELLED, SENT})
 ONCE = "once"
 
-# What is enabled, and of it what fires only once: set by `configure`, as `serve` starts.
+
+def _nothing() -> None:
+    """Before `configure`: no point is enabled, so nothing is ever stopped."""
+
+
+# What is enabled, of it what fires only once, and how the process stops at a point:
+# set by `configure`, as `serve` starts.
 _enabled: frozenset[str] = frozenset()
 _once: frozenset[str] = frozenset()
+_stop: Callable[[], None] = _nothing
 
 
 class FailpointError(ValueError):
@@ -72,10 +79,12 @@ def parse(spec: str) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(enabled), frozenset(enabled - every_time)
 
 
-def configure(environ: Mapping[str, str]) -> frozenset[str]:
-    """Read `FENCEPROXY_FAILPOINTS` (once, as the process starts); the enabled points."""
-    global _enabled, _once
+def configure(environ: Mapping[str, str], stop: Callable[[], None]) -> frozenset[str]:
+    """Read `FENCEPROXY_FAILPOINTS` (once, as the process starts); the enabled points,
+    at each of which `stop` is called."""
+    global _enabled, _once, _stop
     _enabled, _once = parse(environ.get(ENV, ""))
+    _stop = stop
     return _enabled
 
 
@@ -86,4 +95,4 @@ def reach(name: str) -> None:
         return
     if name in _once:
         _enabled = _enabled - {name}
-    os.kill(os.getpid(), signal.SIGSTOP)
+    _stop()

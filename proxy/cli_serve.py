@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import gc
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -72,6 +73,11 @@ def server_options(policy: Policy) -> dict[str, Any]:
     return {**PARSER_LIMITS, "keepalive_timeout": policy.limits.header_timeout_s}
 
 
+def stop_this_process() -> None:
+    """What a failpoint does: stop as a GC or VM pause would, until SIGCONT."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         telemetry.check_options(args.log_format, args.tracing)
@@ -80,7 +86,7 @@ def serve(args: argparse.Namespace) -> int:
     policy, digest = policy_and_digest_of(args)
     try:
         # Read once: a test pauses a replica at a named place (core/failpoints.py).
-        paused_at = failpoints.configure(os.environ)
+        paused_at = failpoints.configure(os.environ, stop_this_process)
     except failpoints.FailpointError as exc:
         raise CommandError(str(exc)) from None
 
