@@ -190,7 +190,9 @@ def _resolve(batch: list[_Taken[Any]], outcomes: list[Outcome]) -> None:
     for (_, future, left), (ok, value) in zip(batch, outcomes, strict=True):
         if future.done():  # its waiter was cancelled
             if left is not None:
-                left(ok, value)
+                # The caller's code, not the queue's: whatever it raises goes to the
+                # loop's exception handler, not to the rest of this batch's waiters.
+                asyncio.get_running_loop().call_soon(left, ok, value)
             continue
         if ok:
             future.set_result(value)

@@ -168,3 +168,34 @@ async def test_a_job_whose_caller_left_once_it_was_taken_tells_its_outcome_to_le
     await asyncio.wait_for(queue.stop(), WAIT_S)
     assert told == [("second", True, "second")]
     assert ran == [["first"], ["second"]]
+
+
+async def test_a_left_callback_that_fails_does_not_keep_its_batch_from_being_answered() -> None:
+    """`left` is its caller's code: an error there is its own (the loop's exception
+    handler logs it), never the other waiters' nor the lane's."""
+    running = {"first": asyncio.Event(), "gone": asyncio.Event()}
+    go = {"first": asyncio.Event(), "gone": asyncio.Event()}
+
+    async def run(jobs: list[str]) -> list[Outcome]:
+        for name in running:
+            if name in jobs:
+                running[name].set()
+                await go[name].wait()
+        return [(True, job) for job in jobs]
+
+    def fails(ok: bool, value: Any) -> None:
+        raise RuntimeError("the caller's own bug")
+
+    queue: OperationQueue[str] = OperationQueue("test", run, lanes=1)
+    queue.start()
+    first = queue.submit("first")
+    await asyncio.wait_for(running["first"].wait(), WAIT_S)
+    gone, kept = queue.submit("gone", fails), queue.submit("kept")
+    go["first"].set()
+    await asyncio.wait_for(running["gone"].wait(), WAIT_S)
+    gone.cancel()
+    go["gone"].set()
+    assert await asyncio.wait_for(kept, WAIT_S) == "kept"
+    assert await asyncio.wait_for(queue.submit("after"), WAIT_S) == "after"
+    assert await first == "first"
+    await asyncio.wait_for(queue.stop(), WAIT_S)
